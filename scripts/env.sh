@@ -1,0 +1,13 @@
+# Environment for running MPI jobs from this project (sourced by the project's scripts).
+# OpenMPI refuses root without these, and more ranks than cores need oversubscription.
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# Keep MPI's own traffic on loopback for single-node runs (override for multi-node jobs).
+export OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-lo}"
+export OMPI_MCA_btl_tcp_if_include="${OMPI_MCA_btl_tcp_if_include:-lo}"
+# A rank waiting in MPI should yield its core to the PS threads beside it.
+export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
+# glibc: keep large reply buffers out of fresh mmap/munmap on every call (PLATFORM.md).
+export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-33554432}"
+export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-268435456}"
