@@ -1,0 +1,104 @@
+"""Who does what in ``MPI_COMM_WORLD``, and the few world-wide exchanges a job needs.
+
+Ranks ``0..W-1`` are workers, the rest parameter-server shards.  Workers talk to each other
+over MPI (dense gradients) and to the shards over gRPC (sparse rows); the only world-wide MPI
+traffic is at start (token, session, PS addresses) and at the end (a non-blocking barrier).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from mpi4py import MPI
+
+T = TypeVar("T")
+
+
+@dataclass
+class Roles:
+    world: MPI.Intracomm
+    rank: int
+    size: int
+    worker_num: int
+    is_worker: bool
+    comm: MPI.Intracomm  # workers among themselves, or PS ranks among themselves
+    role_rank: int       # index within the role (worker index or PS shard index)
+    role_size: int
+
+    @property
+    def name(self) -> str:
+        kind = "worker" if self.is_worker else "ps"
+        return f"rank {self.rank} ({kind} {self.role_rank})"
+
+    @property
+    def num_ps_ranks(self) -> int:
+        return self.size - self.worker_num
+
+
+def split_roles(worker_num: int, world: MPI.Intracomm | None = None) -> Roles:
+    world = world or MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    if not 1 <= worker_num <= size:
+        raise ValueError(f"--worker-num {worker_num} does not fit a world of {size} ranks")
+    is_worker = rank < worker_num
+    comm = world.Split(color=0 if is_worker else 1, key=rank)
+    return Roles(world, rank, size, worker_num, is_worker, comm, comm.Get_rank(), comm.Get_size())
+
+
+def share_job_secret(roles: Roles, external_token: str | None = None) -> tuple[str, int]:
+    """Rank 0 makes the job token (unless the shards were started with one) and a session id."""
+    mine = None
+    if roles.rank == 0:
+        mine = (external_token or secrets.token_hex(16), secrets.randbits(63))
+    return roles.world.bcast(mine, root=0)
+
+
+def ps_listen_host(roles: Roles, requested: str | None) -> str:
+    """Loopback when the whole job is on one node; else this node's address (never 0.0.0.0)."""
+    if requested:
+        return requested
+    hosts = roles.world.allgather(socket.gethostname())
+    if len(set(hosts)) == 1:
+        return "127.0.0.1"
+    return socket.gethostbyname(socket.gethostname())
+
+
+def exchange_ps_addresses(roles: Roles, address: str | None, error: str | None) -> list[str]:
+    """Allgather every PS rank's bound address; every rank raises if any shard failed to start."""
+    items = roles.world.allgather((roles.rank, address, error))
+    failures = [f"rank {r}: {e}" for r, _, e in items if e]
+    if failures:
+        raise RuntimeError("PS shard failed to start: " + "; ".join(failures))
+    return [a for r, a, _ in items if r >= roles.worker_num]
+
+
+def wait_all(comm: MPI.Intracomm, timeout_s: float, what: str, poll_s: float = 0.005) -> None:
+    """A barrier that sleeps instead of spinning a core, and gives up after ``timeout_s``."""
+    req = comm.Ibarrier()
+    deadline = time.monotonic() + timeout_s
+    while not req.Test():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: other ranks did not arrive within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def run_or_abort(fn: Callable[[], T], describe: Callable[[], str]) -> T:
+    """Run a rank's main; any exception ends the whole job with a message naming the rank."""
+    try:
+        return fn()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every failure must end the job
+        who = describe()
+        sys.stderr.write(f"cpu_dist: {who} failed: {type(exc).__name__}: {exc}\n")
+        if os.environ.get("CPU_DIST_TRACEBACK", "1") != "0":
+            traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        raise

@@ -1,0 +1,71 @@
+"""Dense gradients: fused into flat buckets, all-reduced in place with mpi4py, averaged.
+
+Each bucket is one contiguous tensor per dtype and ``param.grad`` are views into it, so
+autograd accumulates straight into the buffer that MPI reduces: no copy in, no copy out.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from mpi4py import MPI
+
+DEFAULT_BUCKET_BYTES = 16 << 20
+
+
+class GradientBuckets:
+    def __init__(self, params: Iterable[torch.nn.Parameter], comm: MPI.Intracomm,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.comm = comm
+        self.world = comm.Get_size()
+        self.buckets: list[torch.Tensor] = []
+        self.bytes_reduced = 0
+        group: list[torch.nn.Parameter] = []
+        for p in [p for p in params if p.requires_grad]:
+            if group and (p.dtype != group[0].dtype or
+                          sum(q.numel() for q in group) * p.element_size() >= bucket_bytes):
+                self._make_bucket(group)
+                group = []
+            group.append(p)
+        if group:
+            self._make_bucket(group)
+
+    def _make_bucket(self, params: list[torch.nn.Parameter]) -> None:
+        flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p)
+            offset += n
+        self.buckets.append(flat)
+
+    def zero(self) -> None:
+        for b in self.buckets:
+            b.zero_()
+
+    def allreduce_mean(self) -> None:
+        for b in self.buckets:
+            buf = b.numpy()
+            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            if self.world > 1:
+                b.div_(self.world)
+            self.bytes_reduced += buf.nbytes
+
+
+def broadcast_parameters(module: torch.nn.Module, comm: MPI.Intracomm, root: int = 0) -> None:
+    """Every worker starts from the root's parameters (and buffers)."""
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            buf = t.detach().contiguous()
+            comm.Bcast(buf.numpy(), root=root)
+            if buf.data_ptr() != t.data_ptr():
+                t.copy_(buf)
+
+
+def make_dense_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float
+                         ) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"--dense-optimizer {name!r}: expected sgd or adamw")

@@ -1,0 +1,144 @@
+"""DLRM: bottom MLP over dense features, embeddings, dot interaction, top MLP -> logits.
+
+The structure follows the DLRM paper and reference implementation, so that its flags
+(``--arch-mlp-bot 13-512-256-64``, ``--arch-mlp-top 512-256-1``) mean the same here:
+
+- bottom MLP: Linear+ReLU for every width in ``bot_mlp``; the last width must equal the
+  embedding dimension, since its output is one more vector in the interaction;
+- interaction: the pairwise dot products of the F+1 vectors (bottom output and the F
+  embeddings), strictly upper triangle of the (F+1)x(F+1) Gram matrix, concatenated after the
+  bottom output;
+- top MLP: Linear layers with ReLU between them and none after the last, which has width 1:
+  the forward returns logits ``[B]`` for ``BCEWithLogitsLoss``.
+
+The embedding is any module mapping keys ``[B, F]`` to ``[B, F, dim]``, so the same DLRM runs
+over the parameter server (:class:`ShardedEmbedding`) or a local ``nn.EmbeddingBag``. Dense
+parameters are ``bot.*`` and ``top.*``; :meth:`DLRM.dense_named_parameters` leaves out any
+parameters the embedding module has, since those are sparse state, not dense.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+
+def parse_mlp(spec: str, input_size: int | None = None) -> list[int]:
+    """``"512-256-64"`` -> ``[512, 256, 64]``.
+
+    DLRM's reference puts the input size first in ``--arch-mlp-bot`` ("13-512-256-64"). Pass
+    ``input_size`` (13 for the bottom MLP) to accept that style too: a leading width equal to
+    ``input_size`` followed by more widths is taken to be the input and dropped. (A first
+    hidden layer exactly as wide as the input must then be written twice, "13-13-...".)
+    """
+    try:
+        widths = [int(p) for p in spec.strip().split("-")]
+    except ValueError:
+        raise ValueError(f"bad MLP spec {spec!r}: expected widths like '512-256-64'") from None
+    if not widths or any(w <= 0 for w in widths):
+        raise ValueError(f"bad MLP spec {spec!r}: widths must be positive integers")
+    if input_size is not None and len(widths) > 1 and widths[0] == input_size:
+        widths = widths[1:]
+    return widths
+
+
+def _mlp(in_size: int, widths: Sequence[int], last_activation: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, w in enumerate(widths):
+        layers.append(nn.Linear(in_size, w))
+        if last_activation or i < len(widths) - 1:
+            layers.append(nn.ReLU())
+        in_size = w
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """See the module docstring. ``forward(dense [B, num_dense], keys [B, num_sparse])``."""
+
+    def __init__(
+        self,
+        embedding: nn.Module,
+        num_dense: int,
+        num_sparse: int,
+        dim: int,
+        bot_mlp: Sequence[int],
+        top_mlp: Sequence[int],
+    ) -> None:
+        super().__init__()
+        bot_mlp, top_mlp = list(bot_mlp), list(top_mlp)
+        if not bot_mlp or bot_mlp[-1] != dim:
+            raise ValueError(
+                f"the bottom MLP's last width must equal the embedding dim {dim} (it joins the "
+                f"interaction as one more vector), got bot_mlp={bot_mlp}"
+            )
+        if not top_mlp:
+            raise ValueError("top_mlp must have at least one width (the final one is 1)")
+        if top_mlp[-1] != 1:
+            raise ValueError(f"the top MLP's last width must be 1 (one logit per sample), got top_mlp={top_mlp}")
+        if num_dense <= 0 or num_sparse <= 0:
+            raise ValueError(f"need num_dense > 0 and num_sparse > 0, got {num_dense}, {num_sparse}")
+        self.num_dense, self.num_sparse, self.dim = num_dense, num_sparse, dim
+        self.embedding = embedding
+        self.bot = _mlp(num_dense, bot_mlp, last_activation=True)
+        n = num_sparse + 1
+        self.register_buffer("_triu", torch.triu_indices(n, n, offset=1), persistent=False)
+        self.top = _mlp(dim + n * (n - 1) // 2, top_mlp, last_activation=False)
+        self._embedding_takes_rows = "rows" in inspect.signature(embedding.forward).parameters
+
+    def interact(self, bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """``[B, d]``, ``[B, F, d]`` -> ``[B, d + (F+1)F/2]``: bottom output, then the dots."""
+        t = torch.cat([bottom.unsqueeze(1), emb], dim=1)
+        gram = torch.bmm(t, t.transpose(1, 2))
+        return torch.cat([bottom, gram[:, self._triu[0], self._triu[1]]], dim=1)
+
+    def forward(self, dense: torch.Tensor, keys: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B]``. ``rows`` (pre-pulled rows of the unique keys) go to the embedding."""
+        dtype = self.bot[0].weight.dtype
+        bottom = self.bot(torch.as_tensor(dense).to(dtype))
+        if rows is not None:
+            if not self._embedding_takes_rows:
+                raise TypeError(f"{type(self.embedding).__name__}.forward takes no rows argument")
+            emb = self.embedding(keys, rows=rows)
+        else:
+            emb = self.embedding(keys)
+        if emb.dtype != dtype:
+            emb = emb.to(dtype)
+        return self.top(self.interact(bottom, emb)).squeeze(-1)
+
+    def dense_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """The dense parameters with stable names (``bot.0.weight`` ...), embedding excluded."""
+        for name, p in self.named_parameters():
+            if not name.startswith("embedding."):
+                yield name, p
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        return [p for _, p in self.dense_named_parameters()]
+
+
+def build_dlrm(
+    embedding: nn.Module,
+    *,
+    num_dense: int,
+    num_sparse: int,
+    dim: int,
+    bot_mlp: Sequence[int],
+    top_mlp: Sequence[int],
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+) -> DLRM:
+    """The one way the trainer and the reference build a DLRM, so their dense init is equal.
+
+    Dense parameters take torch's default init drawn under ``torch.manual_seed(seed)``; the
+    caller's global RNG state is restored afterwards. The embedding is built by the caller
+    (outside this RNG scope) and, if it has a ``dtype`` attribute (ShardedEmbedding), that is
+    set to ``dtype`` as well.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DLRM(embedding, num_dense, num_sparse, dim, bot_mlp, top_mlp)
+    model.to(dtype)
+    if isinstance(getattr(embedding, "dtype", None), torch.dtype):
+        embedding.dtype = dtype
+    return model

@@ -1,0 +1,165 @@
+#include "table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <numeric>
+
+#include "hashing.h"
+
+namespace cpu_dist::ps {
+
+namespace {
+// Different from kPartitionSalt, and the stripe uses high bits while partitions use low ones.
+constexpr uint64_t kStripeSalt = 0x2545F4914F6CDD1DULL;
+}  // namespace
+
+ShardTable::ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes)
+    : dim_(dim), seed_(seed), init_scale_(init_scale), stripes_(std::max(1u, num_stripes)) {}
+
+uint32_t ShardTable::stripe_of(int64_t key) const {
+  return static_cast<uint32_t>((mix64(static_cast<uint64_t>(key) ^ kStripeSalt) >> 32) %
+                               stripes_.size());
+}
+
+float* ShardTable::row_ptr(const Stripe& s, uint32_t slot) const {
+  return s.blocks[slot >> 16].get() + static_cast<size_t>(slot & 0xFFFFu) * dim_;
+}
+
+float* ShardTable::state_ptr(const Stripe& s, uint32_t slot) const {
+  const size_t b = slot >> 16;
+  return s.blocks[b].get() + static_cast<size_t>(block_rows(b)) * dim_ + (slot & 0xFFFFu);
+}
+
+void ShardTable::init_row(int64_t key, float* out) const {
+  // Same arithmetic as cpu_dist::row_init, with the per-row part computed once.
+  const uint64_t base = mix64(mix64(seed_) ^ static_cast<uint64_t>(key));
+  for (uint32_t c = 0; c < dim_; ++c) {
+    const uint64_t bits = mix64(base ^ static_cast<uint64_t>(c));
+    const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+    out[c] = (u * 2.0f - 1.0f) * init_scale_;
+  }
+}
+
+uint32_t ShardTable::insert_row(Stripe& s, int64_t key) {
+  if (s.blocks.empty() || s.used_in_last == block_rows(s.blocks.size() - 1)) {
+    const size_t rows = block_rows(s.blocks.size());
+    // malloc, not value-initialising new: untouched tails must not become resident.
+    auto* p = static_cast<float*>(std::malloc(rows * (dim_ + 1) * sizeof(float)));
+    if (p == nullptr) throw std::bad_alloc();
+    s.blocks.emplace_back(p);
+    s.used_in_last = 0;
+  }
+  const uint32_t slot =
+      (static_cast<uint32_t>(s.blocks.size() - 1) << 16) | s.used_in_last++;
+  init_row(key, row_ptr(s, slot));
+  *state_ptr(s, slot) = 0.0f;
+  s.index.emplace(key, slot);
+  return slot;
+}
+
+void ShardTable::group_by_stripe(const int64_t* keys, size_t n, std::vector<uint32_t>& order,
+                                 std::vector<uint32_t>& starts) const {
+  const size_t ns = stripes_.size();
+  std::vector<uint32_t> sid(n);
+  starts.assign(ns + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    sid[i] = stripe_of(keys[i]);
+    ++starts[sid[i] + 1];
+  }
+  for (size_t s = 0; s < ns; ++s) starts[s + 1] += starts[s];
+  std::vector<uint32_t> pos(starts.begin(), starts.end() - 1);
+  order.resize(n);
+  for (size_t i = 0; i < n; ++i) order[pos[sid[i]]++] = static_cast<uint32_t>(i);
+}
+
+void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes) const {
+  char* out = static_cast<char*>(out_bytes);
+  std::vector<float> fresh(dim_);
+  std::vector<uint32_t> order, starts;
+  group_by_stripe(keys, n, order, starts);
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    const Stripe& st = stripes_[s];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const uint32_t i = order[j];
+      char* dst = out + static_cast<size_t>(i) * row_bytes;
+      auto it = st.index.find(keys[i]);
+      if (it != st.index.end()) {
+        std::memcpy(dst, row_ptr(st, it->second), row_bytes);
+      } else {
+        init_row(keys[i], fresh.data());
+        std::memcpy(dst, fresh.data(), row_bytes);
+      }
+    }
+  }
+}
+
+void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float lr,
+                       OptimizerKind opt) {
+  std::vector<uint32_t> order, starts;
+  group_by_stripe(keys, n, order, starts);
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    Stripe& st = stripes_[s];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const uint32_t i = order[j];
+      auto it = st.index.find(keys[i]);
+      const uint32_t slot = it != st.index.end() ? it->second : insert_row(st, keys[i]);
+      apply_row(opt, lr, grads + static_cast<size_t>(i) * dim_, row_ptr(st, slot),
+                state_ptr(st, slot), dim_);
+    }
+  }
+}
+
+TableDump ShardTable::dump() const {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(stripes_.size());
+  for (const auto& st : stripes_) locks.emplace_back(st.mu);  // a consistent snapshot
+  struct Ref {
+    int64_t key;
+    uint32_t stripe;
+    uint32_t slot;
+  };
+  std::vector<Ref> refs;
+  for (size_t s = 0; s < stripes_.size(); ++s)
+    for (const auto& [k, slot] : stripes_[s].index)
+      refs.push_back({k, static_cast<uint32_t>(s), slot});
+  std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.key < b.key; });
+  TableDump d;
+  d.keys.resize(refs.size());
+  d.values.resize(refs.size() * dim_);
+  d.state.resize(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const Stripe& st = stripes_[refs[i].stripe];
+    d.keys[i] = refs[i].key;
+    std::memcpy(&d.values[i * dim_], row_ptr(st, refs[i].slot), dim_ * sizeof(float));
+    d.state[i] = *state_ptr(st, refs[i].slot);
+  }
+  return d;
+}
+
+uint64_t ShardTable::rows() const {
+  uint64_t n = 0;
+  for (const auto& st : stripes_) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    n += st.index.size();
+  }
+  return n;
+}
+
+uint64_t ShardTable::bytes() const {
+  uint64_t b = 0;
+  for (const auto& st : stripes_) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    b += st.index.capacity() * (sizeof(std::pair<int64_t, uint32_t>) + 1);
+    for (size_t i = 0; i < st.blocks.size(); ++i)
+      b += static_cast<uint64_t>(block_rows(i)) * (dim_ + 1) * sizeof(float);
+  }
+  return b;
+}
+
+}  // namespace cpu_dist::ps

@@ -1,0 +1,87 @@
+// One shard's table: int64 key -> row of `dim` float32 plus one float optimizer accumulator.
+//
+// Striped so that concurrent pulls and pushes rarely meet on a lock: S stripes, chosen by
+// hash bits independent of the partition function (otherwise every key of a shard would
+// fall into the same few stripes).  Each stripe owns an index (key -> slot) and chunked row
+// storage: blocks that grow geometrically up to a cap, so a big table never reallocates and
+// copies its rows, and untouched block tails are never resident.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "optimizer.h"
+
+namespace cpu_dist::ps {
+
+struct TableDump {
+  std::vector<int64_t> keys;    // sorted ascending
+  std::vector<float> values;    // keys.size() * dim
+  std::vector<float> state;     // keys.size()
+};
+
+class ShardTable {
+ public:
+  ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes = 16);
+  ShardTable(const ShardTable&) = delete;
+  ShardTable& operator=(const ShardTable&) = delete;
+
+  uint32_t dim() const { return dim_; }
+
+  // Copies the rows of `keys` into out (n * dim floats, may be unaligned: it is usually a
+  // reply buffer behind a protobuf header); absent rows are computed with row_init and NOT
+  // inserted (a pull never grows the table).
+  void gather(const int64_t* keys, size_t n, void* out) const;
+
+  // Applies one gradient row per key.  Keys must be unique (callers merge duplicates
+  // first).  Absent rows are inserted with their first-touch values before the update.
+  void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
+
+  // Every row, sorted by key, with its accumulator.
+  TableDump dump() const;
+
+  uint64_t rows() const;
+  // Bytes held by rows, accumulators and index (capacity, not just what is in use).
+  uint64_t bytes() const;
+
+  // First-touch value of a whole row (the formula of hashing.h, hoisted per row).
+  void init_row(int64_t key, float* out) const;
+
+ private:
+  struct FreeDeleter {
+    void operator()(float* p) const { std::free(p); }
+  };
+  using Block = std::unique_ptr<float, FreeDeleter>;
+
+  struct Stripe {
+    mutable std::mutex mu;
+    absl::flat_hash_map<int64_t, uint32_t> index;  // key -> (block << 16) | offset
+    std::vector<Block> blocks;
+    uint32_t used_in_last = 0;                     // rows used in blocks.back()
+  };
+
+  static constexpr uint32_t kFirstBlockRows = 64;
+  static constexpr uint32_t kMaxBlockRows = 16384;  // must stay <= 65536 (16-bit offset)
+
+  static uint32_t block_rows(size_t block) {
+    return block >= 8 ? kMaxBlockRows : (kFirstBlockRows << block);
+  }
+  uint32_t stripe_of(int64_t key) const;
+  float* row_ptr(const Stripe& s, uint32_t slot) const;
+  float* state_ptr(const Stripe& s, uint32_t slot) const;
+  uint32_t insert_row(Stripe& s, int64_t key);  // caller holds s.mu; key is absent
+  // order[] gets the indices 0..n-1 grouped by stripe; starts[s]..starts[s+1] is stripe s.
+  void group_by_stripe(const int64_t* keys, size_t n, std::vector<uint32_t>& order,
+                       std::vector<uint32_t>& starts) const;
+
+  const uint32_t dim_;
+  const uint64_t seed_;
+  const float init_scale_;
+  std::vector<Stripe> stripes_;
+};
+
+}  // namespace cpu_dist::ps

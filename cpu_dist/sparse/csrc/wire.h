@@ -1,0 +1,140 @@
+// Byte-level helpers shared by service and client: protobuf <-> grpc::ByteBuffer without
+// intermediate std::strings, and hand-encoded `bytes` fields so that bulk payloads (keys,
+// rows, gradients) are copied exactly once into the buffer gRPC sends.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/message_lite.h"
+#include "grpc/slice.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace cpu_dist::ps::wire {
+
+inline size_t varint_size(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+inline uint8_t* put_varint(uint64_t v, uint8_t* p) {
+  while (v >= 0x80) {
+    *p++ = static_cast<uint8_t>(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = static_cast<uint8_t>(v);
+  return p;
+}
+
+// Size of a length-delimited field with a one-byte tag (field numbers 1..15).
+inline size_t bytes_field_size(size_t len) { return 1 + varint_size(len) + len; }
+
+inline uint8_t* put_bytes_header(uint32_t field, size_t len, uint8_t* p) {
+  *p++ = static_cast<uint8_t>((field << 3) | 2);
+  return put_varint(len, p);
+}
+
+// Wraps a freshly malloc'd slice into `out` (ownership moves to the ByteBuffer).
+inline uint8_t* alloc_buffer(size_t n, grpc::ByteBuffer* out) {
+  grpc_slice s = grpc_slice_malloc(n);
+  uint8_t* p = GRPC_SLICE_START_PTR(s);
+  grpc::Slice slice(s, grpc::Slice::STEAL_REF);
+  grpc::ByteBuffer bb(&slice, 1);
+  out->Swap(&bb);
+  return p;
+}
+
+inline void serialize(const google::protobuf::MessageLite& m, grpc::ByteBuffer* out) {
+  const size_t n = m.ByteSizeLong();
+  uint8_t* p = alloc_buffer(n, out);
+  m.SerializeWithCachedSizesToArray(p);
+}
+
+struct Payload {
+  uint32_t field;  // 1..15
+  const void* data;
+  size_t len;
+};
+
+// `head` (the small scalar fields) followed by the bulk fields; protobuf accepts fields in
+// any order, so this is a valid encoding of the full message.
+inline void serialize_with_payloads(const google::protobuf::MessageLite& head,
+                                    std::initializer_list<Payload> payloads,
+                                    grpc::ByteBuffer* out) {
+  const size_t head_len = head.ByteSizeLong();
+  size_t total = head_len;
+  for (const Payload& pl : payloads)
+    if (pl.len > 0) total += bytes_field_size(pl.len);
+  uint8_t* p = alloc_buffer(total, out);
+  p = head.SerializeWithCachedSizesToArray(p);
+  for (const Payload& pl : payloads) {
+    if (pl.len == 0) continue;  // proto3 omits empty bytes fields
+    p = put_bytes_header(pl.field, pl.len, p);
+    std::memcpy(p, pl.data, pl.len);
+    p += pl.len;
+  }
+}
+
+inline bool parse(const grpc::ByteBuffer& bb, google::protobuf::MessageLite* m) {
+  if (!bb.Valid()) return m->ParseFromArray(nullptr, 0);
+  std::vector<grpc::Slice> slices;
+  if (!bb.Dump(&slices).ok()) return false;
+  if (slices.size() == 1) return m->ParseFromArray(slices[0].begin(), slices[0].size());
+  std::string flat;
+  flat.reserve(bb.Length());
+  for (const grpc::Slice& s : slices)
+    flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return m->ParseFromString(flat);
+}
+
+// Reads a ByteBuffer sequentially across its slices.
+class SliceReader {
+ public:
+  explicit SliceReader(const grpc::ByteBuffer& bb) {
+    if (bb.Valid()) (void)bb.Dump(&slices_);
+    for (const auto& s : slices_) remaining_ += s.size();
+  }
+  size_t remaining() const { return remaining_; }
+  bool read(void* dst, size_t n) {
+    if (n > remaining_) return false;
+    char* d = static_cast<char*>(dst);
+    while (n > 0) {
+      const grpc::Slice& s = slices_[idx_];
+      const size_t take = std::min(n, s.size() - off_);
+      std::memcpy(d, s.begin() + off_, take);
+      d += take;
+      n -= take;
+      off_ += take;
+      remaining_ -= take;
+      if (off_ == s.size()) {
+        ++idx_;
+        off_ = 0;
+      }
+    }
+    return true;
+  }
+  bool read_varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!read(&b, 1)) return false;
+      *v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::vector<grpc::Slice> slices_;
+  size_t idx_ = 0, off_ = 0, remaining_ = 0;
+};
+
+}  // namespace cpu_dist::ps::wire

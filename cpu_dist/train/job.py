@@ -1,0 +1,46 @@
+"""One rank's part of a job, after flags are checked and roles are split."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cpu_dist.common.config import parse_ps_list
+from cpu_dist.common.mpi_context import (Roles, exchange_ps_addresses, ps_listen_host,
+                                         share_job_secret, wait_all)
+
+END_OF_JOB_TIMEOUT_S = 600.0
+
+
+def _external_token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if not token:
+            raise RuntimeError(f"--token-file {args.token_file} is empty")
+        return token
+    return os.environ.get("CPU_DIST_TOKEN")
+
+
+def run_job(args: argparse.Namespace, roles: Roles) -> int:
+    ps_list = parse_ps_list(args.ps_list) if args.ps_list else []
+    external = bool(ps_list) and roles.num_ps_ranks == 0
+    token, session = share_job_secret(roles, _external_token(args) if external else None)
+    job_host = ps_listen_host(roles, args.ps_host)
+    if args.ps_type.lower() == "rdma":
+        if job_host != "127.0.0.1" and roles.rank == 0:
+            raise RuntimeError("--ps-type RDMA: no RDMA transport exists yet; on one node it "
+                               "selects the local gRPC backend, across nodes use --ps-type grpc")
+        if roles.rank == 0:
+            print("cpu_dist: --ps-type RDMA on a single node: using the local gRPC backend",
+                  file=sys.stderr, flush=True)
+
+    if roles.is_worker:
+        from cpu_dist.train.loop import train_worker
+        addresses = ps_list if external else exchange_ps_addresses(roles, None, None)
+        train_worker(args, roles, token, session, addresses, stop_shards=not external)
+    else:
+        from cpu_dist.train.ps_rank import run_ps_rank
+        run_ps_rank(args, roles, token, job_host, ps_list)
+    wait_all(roles.world, END_OF_JOB_TIMEOUT_S, "end of job")
+    return 0

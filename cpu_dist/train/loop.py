@@ -1,0 +1,181 @@
+"""The worker's training loop: the synchronous contract of DESIGN.md section 3.
+
+Per step: this worker's slice of the global batch -> its unique keys -> (wait for the commit
+those rows depend on) -> pull -> forward/backward -> commit the unique rows' gradients ->
+all-reduce and apply the dense gradients.  Step t+1 therefore reads rows that hold every
+worker's step-t update, and the model equals a single-process run on the global batch.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from cpu_dist.common.config import mlp_widths
+from cpu_dist.common.mpi_context import Roles, wait_all
+from cpu_dist.data import make_dataset, train_batches, eval_batches
+from cpu_dist.dense.allreduce import GradientBuckets, broadcast_parameters, make_dense_optimizer
+from cpu_dist.models.embedding import ShardedEmbedding
+from cpu_dist.sparse import Client
+from cpu_dist.train import metrics
+from cpu_dist.train.ps_rank import TABLE
+from cpu_dist.train.reference import build_dlrm
+from cpu_dist.train.sparse_updates import SparseUpdater
+
+PHASES = ("data", "pull", "forward", "backward", "allreduce", "optimizer", "push", "commit_wait")
+
+
+def make_client(args: argparse.Namespace, token: str, addresses: list[str]) -> Client:
+    return Client(addresses, token, args.embedding_dim, table=TABLE,
+                  max_keys_per_rpc=args.ps_max_keys_per_rpc, channels_per_shard=args.ps_channels,
+                  timeout_s=args.rpc_timeout, max_message_bytes=args.ps_max_message_bytes)
+
+
+def dataset_from_args(args: argparse.Namespace):
+    return make_dataset(args.data, path=args.data_path, seed=args.seed,
+                        zipf_exponent=args.zipf_exponent, skip_bad_lines=args.skip_bad_lines)
+
+
+def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: int,
+                 addresses: list[str], stop_shards: bool) -> None:
+    comm, rank, world = roles.comm, roles.role_rank, roles.role_size
+    chief = rank == 0
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    client = make_client(args, token, addresses)
+    dataset = dataset_from_args(args)
+    embedding = ShardedEmbedding(client, args.embedding_dim)
+    model = build_dlrm(embedding=embedding, dim=args.embedding_dim,
+                       bot_mlp=mlp_widths(args.arch_mlp_bot, "--arch-mlp-bot"),
+                       top_mlp=mlp_widths(args.arch_mlp_top, "--arch-mlp-top"),
+                       seed=args.seed, dtype=dtype)
+    broadcast_parameters(model, comm)
+    buckets = GradientBuckets(model.parameters(), comm)
+    optimizer = make_dense_optimizer(args.dense_optimizer, model.parameters(), args.lr)
+    updater = SparseUpdater(client, comm, session, lr=args.sparse_lr,
+                            optimizer=args.sparse_optimizer, aggregation=args.aggregation,
+                            sync=args.sparse_sync, timeout_s=args.rpc_timeout)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    timer = metrics.PhaseTimer()
+    log = metrics.RunLog(args.metrics_out if chief else None, args.tensorboard if chief else None)
+    bar = metrics.progress(args.max_step, enabled=chief and not args.no_progress)
+    bytes_pulled = 0
+    last_step = -1
+    window_t0, window_samples = time.perf_counter(), 0
+    run_t0 = time.perf_counter()
+
+    batches = train_batches(dataset, args.batch_size)
+    steps = args.max_step
+    for step in range(args.max_step):
+        with timer("data"):
+            item = next(batches, None)
+            if item is None:  # a finite file ran out; every worker reads the same file
+                steps = step
+                break
+            batch = item[1].shard(rank, world)
+            keys = torch.from_numpy(batch.keys)
+            unique = embedding.unique_keys(keys)
+            dense = torch.from_numpy(batch.dense).to(dtype)
+            labels = torch.from_numpy(batch.labels).to(dtype)
+        with timer("commit_wait"):
+            updater.wait_readable(step)
+        with timer("pull"):
+            rows = torch.from_numpy(client.pull(unique))
+            bytes_pulled += unique.nbytes + rows.numel() * 4
+        with timer("forward"):
+            buckets.zero()
+            logits = model(dense, keys, rows=rows)
+            loss = loss_fn(logits, labels)
+        with timer("backward"):
+            loss.backward()
+        with timer("push"):
+            sparse_keys, sparse_grads = embedding.sparse_grads()
+            updater.submit(step, sparse_keys, sparse_grads)
+        with timer("allreduce"):
+            buckets.allreduce_mean()
+        with timer("optimizer"):
+            optimizer.step()
+        last_step = step
+        window_samples += args.batch_size
+
+        if (step + 1) % args.print_freq == 0 or step + 1 == steps:
+            loss_sum = np.array([loss.item()], dtype=np.float64)
+            comm.Allreduce(MPI.IN_PLACE, loss_sum)
+            now = time.perf_counter()
+            rate = window_samples / max(now - window_t0, 1e-9)
+            window_t0, window_samples = now, 0
+            record = {"step": step + 1, "loss": float(loss_sum[0] / world), "samples_per_s": rate,
+                      **{f"t_{k}": v for k, v in timer.totals().items()},
+                      "bytes_pulled": bytes_pulled, "bytes_pushed": updater.payload_bytes,
+                      "bytes_allreduced": buckets.bytes_reduced,
+                      "commit_wait_s": updater.commit_wait_s, "rows_pushed": updater.rows_sent}
+            log.write(record)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", sps=f"{rate:,.0f}")
+        bar.update(1)
+        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.max_step:
+            _evaluate(args, model, embedding, dataset, updater, comm, step + 1, log, dtype)
+    bar.close()
+    with timer("commit_wait"):
+        updater.finish(last_step)
+    run_s = time.perf_counter() - run_t0
+    result = _evaluate(args, model, embedding, dataset, updater, comm, steps, log, dtype)
+
+    if chief:
+        if args.dump_state:
+            dump_state(args.dump_state, model, client)
+        summary = {"steps": steps, "workers": world, "ps_shards": client.num_shards,
+                   "seconds": run_s,
+                   "samples_per_s": steps * args.batch_size / max(run_s, 1e-9),
+                   "bytes_pulled": bytes_pulled, "bytes_pushed": updater.payload_bytes,
+                   "bytes_allreduced": buckets.bytes_reduced,
+                   "commit_wait_s": updater.commit_wait_s, **result,
+                   **{f"t_{k}": v for k, v in timer.totals().items()}}
+        log.write({"summary": summary})
+        print(metrics.summary_table(summary), flush=True)
+    log.close()
+    wait_all(comm, args.rpc_timeout * 10, "workers finishing")
+    if chief and stop_shards:
+        client.shutdown()
+
+
+def _evaluate(args, model, embedding, dataset, updater, comm, step, log, dtype) -> dict:
+    """Held-out AUC and log loss: each worker scores its slice, worker 0 computes the metric."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    updater.wait_readable(step)
+    scores, labels = [], []
+    model.eval()
+    with torch.no_grad():
+        for batch in eval_batches(dataset, args.batch_size, args.eval_batches):
+            part = batch.shard(rank, world)
+            keys = torch.from_numpy(part.keys)
+            rows = torch.from_numpy(embedding.store.pull(embedding.unique_keys(keys)))
+            logits = model(torch.from_numpy(part.dense).to(dtype), keys, rows=rows)
+            scores.append(logits.double().numpy())
+            labels.append(part.labels.astype(np.float64))
+    model.train()
+    s = np.concatenate(scores) if scores else np.zeros(0)
+    y = np.concatenate(labels) if labels else np.zeros(0)
+    gathered = comm.gather((s, y), root=0)
+    if rank != 0:
+        return {}
+    s = np.concatenate([g[0] for g in gathered])
+    y = np.concatenate([g[1] for g in gathered])
+    result = {f"eval_{k}": v for k, v in metrics.evaluate(s, y).items()} if len(y) else {}
+    log.write({"step": step, **result})
+    return result
+
+
+def dump_state(path: str, model: torch.nn.Module, client: Client) -> None:
+    """The --dump-state format: dense/<name> per dense parameter, sparse_keys (int64, sorted),
+    sparse_values (float32, same order) for every row the PS holds (every row ever updated)."""
+    keys, values, _ = client.dump()
+    arrays = {f"dense/{name}": p.detach().numpy().copy()
+              for name, p in model.named_parameters() if not name.startswith("embedding.")}
+    arrays["sparse_keys"] = keys
+    arrays["sparse_values"] = values
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    import os
+    os.replace(tmp, path)

@@ -1,0 +1,34 @@
+"""A parameter-server rank: start one shard, publish its address, serve until told to stop."""
+from __future__ import annotations
+
+import argparse
+
+from cpu_dist.common.mpi_context import Roles, exchange_ps_addresses
+from cpu_dist.sparse import Server
+
+TABLE = "embedding"
+WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+
+
+def run_ps_rank(args: argparse.Namespace, roles: Roles, token: str, job_host: str,
+                ps_list: list[str]) -> None:
+    """``job_host``: the address this node is reached at (see mpi_context.ps_listen_host)."""
+    host, port = job_host, 0
+    if ps_list:  # as in the first design: PS rank i listens on the i-th --ps_list address
+        host, _, p = ps_list[roles.role_rank].rpartition(":")
+        port = int(p)
+    server, address, error = None, None, None
+    try:
+        server = Server(args.embedding_dim, token, init_scale=args.init_scale, host=host,
+                        port=port, table=TABLE, seed=args.seed, shard_index=roles.role_rank,
+                        num_shards=roles.num_ps_ranks, max_message_bytes=args.ps_max_message_bytes)
+        bound = server.start()
+        # A wildcard bind (asked for explicitly) is published as this node's own address.
+        address = f"{job_host if host in WILDCARDS else host}:{bound}"
+    except Exception as exc:  # reported to every rank by the allgather below
+        error = f"{type(exc).__name__}: {exc} (listening on {host}:{port})"
+    exchange_ps_addresses(roles, address, error)
+    # Serve until worker 0 sends Shutdown once every worker is done; the server drains
+    # in-flight calls first.  The wait sleeps in C++ with the GIL released: no spinning core.
+    while not server.wait(1.0):
+        pass

@@ -1,0 +1,99 @@
+"""How a step's sparse gradients reach the parameter server, and when a pull may read them.
+
+Two aggregation modes (``--aggregation``):
+  ps          every worker commits the gradients of its own unique rows; each shard sums all
+              workers' chunks in rank order, divides by W and runs the optimizer once per row.
+  collective  workers all-reduce the gradients of the union of their rows over MPI; each row is
+              then committed by one designated worker (every worker still sends its markers),
+              and the shard divides by W as before.
+Two sync modes (``--sparse-sync``):
+  barrier     commit step t and wait until it is applied before doing anything else.
+  pipelined   commit step t asynchronously; the dense all-reduce, optimizer step and the next
+              batch's preparation overlap it; the pull of step t+1 waits for commit t.
+Either way step t+1 reads rows that hold every worker's step-t update (DESIGN.md section 3).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from cpu_dist.sparse import Client, Handle
+
+
+class SparseUpdater:
+    def __init__(self, client: Client, comm: MPI.Intracomm, session: int, *, lr: float,
+                 optimizer: str, aggregation: str = "ps", sync: str = "pipelined",
+                 timeout_s: float = 60.0) -> None:
+        if aggregation not in ("ps", "collective"):
+            raise ValueError(f"aggregation {aggregation!r}: expected ps or collective")
+        if sync not in ("pipelined", "barrier"):
+            raise ValueError(f"sync {sync!r}: expected pipelined or barrier")
+        self.client, self.comm, self.session = client, comm, session
+        self.rank, self.world = comm.Get_rank(), comm.Get_size()
+        self.lr, self.optimizer = lr, optimizer
+        self.aggregation, self.sync, self.timeout_s = aggregation, sync, timeout_s
+        self.pending: tuple[int, Handle] | None = None
+        self.committed = -1
+        self.commit_wait_s = 0.0   # time blocked on commits (acks and application)
+        self.exchange_s = 0.0      # collective mode: id exchange and gradient all-reduce
+        self.payload_bytes = 0     # gradient bytes this worker sent to the PS
+        self.rows_sent = 0
+
+    # -- submit -----------------------------------------------------------------------
+    def submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Hand step ``step``'s gradients of this worker's unique rows to the PS."""
+        self._wait_handle()  # each sparse update waits for its predecessor's acks
+        if self.aggregation == "collective":
+            t0 = time.perf_counter()
+            keys, grads = self._allreduce_rows(keys, grads)
+            self.exchange_s += time.perf_counter() - t0
+        self.payload_bytes += keys.nbytes + grads.nbytes
+        self.rows_sent += len(keys)
+        args = (self.session, step, self.rank, self.world, keys, grads, self.lr, self.optimizer)
+        if self.sync == "barrier":
+            t0 = time.perf_counter()
+            self.client.commit(*args)
+            self.committed = self.client.wait_committed(self.session, step, self.timeout_s)
+            self.commit_wait_s += time.perf_counter() - t0
+        else:
+            self.pending = (step, self.client.commit_async(*args))
+
+    def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        counts = np.array(self.comm.allgather(len(keys)), dtype=np.int64)
+        all_keys = np.empty(int(counts.sum()), dtype=np.int64)
+        self.comm.Allgatherv(np.ascontiguousarray(keys, dtype=np.int64), [all_keys, counts])
+        union = np.unique(all_keys)
+        summed = np.zeros((len(union), grads.shape[1]), dtype=np.float32)
+        summed[np.searchsorted(union, keys)] = grads
+        self.comm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
+        # The designated submitter of a row: a function of the key every worker computes alike.
+        mine = (union % self.world) == self.rank
+        return union[mine], summed[mine]
+
+    # -- wait -------------------------------------------------------------------------
+    def _wait_handle(self) -> None:
+        if self.pending is None:
+            return
+        t0 = time.perf_counter()
+        step, handle = self.pending
+        handle.wait(self.timeout_s)
+        self.pending = None
+        self.commit_wait_s += time.perf_counter() - t0
+        self._pending_step = step
+
+    def wait_readable(self, step: int) -> None:
+        """Block until every step before ``step`` is applied on every shard."""
+        if self.committed >= step - 1:
+            return
+        self._wait_handle()
+        t0 = time.perf_counter()
+        self.committed = self.client.wait_committed(self.session, step - 1, self.timeout_s)
+        self.commit_wait_s += time.perf_counter() - t0
+
+    def finish(self, last_step: int) -> None:
+        """Drain: wait until ``last_step`` is applied, then close this worker's session."""
+        if last_step >= 0:
+            self.wait_readable(last_step + 1)
+        self.client.close_session(self.session, self.rank)

@@ -1,0 +1,38 @@
+#!/usr/bin/env python
+"""Start a cpu_dist job: ``mpirun -np N python launcher.py --worker-num W [flags]``.
+
+Ranks 0..W-1 train (PyTorch, dense gradients over MPI); the other ranks are parameter-server
+shards (C++, sparse rows over gRPC).  ``python launcher.py --help`` lists every flag.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from cpu_dist.common.config import ConfigError, parse_args, validate
+
+    args = parse_args(argv)
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    try:
+        from cpu_dist.common.slurm import check_world_size
+        check_world_size(world.Get_size())
+        validate(args, world.Get_size())
+    except (ConfigError, RuntimeError) as exc:
+        # Every rank reaches the same verdict from the same argv; rank 0 speaks for all.
+        if world.Get_rank() == 0:
+            print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+    from cpu_dist.common.mpi_context import run_or_abort, split_roles
+    from cpu_dist.train.job import run_job
+
+    roles = split_roles(args.worker_num, world)
+    return run_or_abort(lambda: run_job(args, roles), lambda: roles.name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
