@@ -120,9 +120,9 @@ class DLRM(nn.Module):
 def build_dlrm(
     embedding: nn.Module,
     *,
-    num_dense: int,
-    num_sparse: int,
     dim: int,
+    num_dense: int = 13,
+    num_sparse: int = 26,
     bot_mlp: Sequence[int],
     top_mlp: Sequence[int],
     seed: int,

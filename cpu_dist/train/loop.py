@@ -18,11 +18,11 @@ from cpu_dist.common.config import mlp_widths
 from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.data import make_dataset, train_batches, eval_batches
 from cpu_dist.dense.allreduce import GradientBuckets, broadcast_parameters, make_dense_optimizer
+from cpu_dist.models.dlrm import build_dlrm
 from cpu_dist.models.embedding import ShardedEmbedding
 from cpu_dist.sparse import Client
 from cpu_dist.train import metrics
 from cpu_dist.train.ps_rank import TABLE
-from cpu_dist.train.reference import build_dlrm
 from cpu_dist.train.sparse_updates import SparseUpdater
 
 PHASES = ("data", "pull", "forward", "backward", "allreduce", "optimizer", "push", "commit_wait")
@@ -47,13 +47,14 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     client = make_client(args, token, addresses)
     dataset = dataset_from_args(args)
     embedding = ShardedEmbedding(client, args.embedding_dim)
-    model = build_dlrm(embedding=embedding, dim=args.embedding_dim,
+    model = build_dlrm(embedding, num_dense=dataset.num_dense, num_sparse=dataset.num_sparse,
+                       dim=args.embedding_dim,
                        bot_mlp=mlp_widths(args.arch_mlp_bot, "--arch-mlp-bot"),
                        top_mlp=mlp_widths(args.arch_mlp_top, "--arch-mlp-top"),
                        seed=args.seed, dtype=dtype)
     broadcast_parameters(model, comm)
-    buckets = GradientBuckets(model.parameters(), comm)
-    optimizer = make_dense_optimizer(args.dense_optimizer, model.parameters(), args.lr)
+    buckets = GradientBuckets(model.dense_parameters(), comm)
+    optimizer = make_dense_optimizer(args.dense_optimizer, model.dense_parameters(), args.lr)
     updater = SparseUpdater(client, comm, session, lr=args.sparse_lr,
                             optimizer=args.sparse_optimizer, aggregation=args.aggregation,
                             sync=args.sparse_sync, timeout_s=args.rpc_timeout)
@@ -171,8 +172,7 @@ def dump_state(path: str, model: torch.nn.Module, client: Client) -> None:
     """The --dump-state format: dense/<name> per dense parameter, sparse_keys (int64, sorted),
     sparse_values (float32, same order) for every row the PS holds (every row ever updated)."""
     keys, values, _ = client.dump()
-    arrays = {f"dense/{name}": p.detach().numpy().copy()
-              for name, p in model.named_parameters() if not name.startswith("embedding.")}
+    arrays = {f"dense/{name}": p.detach().numpy().copy() for name, p in model.dense_named_parameters()}
     arrays["sparse_keys"] = keys
     arrays["sparse_values"] = values
     tmp = path + ".tmp.npz"

@@ -45,22 +45,24 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   WaitReactor(CommitSessions& sessions, grpc::ByteBuffer* resp)
       : sessions_(sessions), resp_(resp) {}
 
+  // Registers the waiter; may finish the call at once.  The reactor is referenced by
+  // start() and by gRPC (until OnDone), so it outlives whichever ends last.
   void start(uint64_t session, int64_t step, CommitSessions::Clock::time_point deadline) {
-    std::lock_guard<std::mutex> lock(mu_);  // OnCancel may race with registration
-    id_ = sessions_.wait(session, step, deadline, [this](int64_t c) { answer(c); });
+    const uint64_t id = sessions_.wait(session, step, deadline, [this](int64_t c) { answer(c); });
+    id_.store(id);
+    unref();
   }
 
   void OnCancel() override {
-    uint64_t id;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      id = id_;
-    }
+    const uint64_t id = id_.load();
     if (id != 0 && sessions_.cancel_wait(id)) Finish(Status(StatusCode::CANCELLED, "cancelled"));
   }
-  void OnDone() override { delete this; }
+  void OnDone() override { unref(); }
 
  private:
+  void unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
   void answer(int64_t committed) {
     WaitCommittedResponse r;
     r.set_committed_step(committed);
@@ -70,8 +72,8 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 
   CommitSessions& sessions_;
   grpc::ByteBuffer* resp_;
-  std::mutex mu_;
-  uint64_t id_ = 0;
+  std::atomic<uint64_t> id_{0};
+  std::atomic<int> refs_{2};
 };
 
 }  // namespace

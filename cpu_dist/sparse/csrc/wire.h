@@ -3,8 +3,10 @@
 // rows, gradients) are copied exactly once into the buffer gRPC sends.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -136,5 +138,37 @@ class SliceReader {
   std::vector<grpc::Slice> slices_;
   size_t idx_ = 0, off_ = 0, remaining_ = 0;
 };
+
+}  // namespace cpu_dist::ps::wire
+
+namespace cpu_dist::ps::wire {
+
+// Like serialize_with_payloads, but leaves the payload bytes to the caller: returns where
+// each payload (in the order given) must be written.  Lets the client gather keys and rows
+// straight into the request buffer.
+struct Reserve {
+  uint32_t field;  // 1..15
+  size_t len;
+};
+
+template <size_t N>
+std::array<uint8_t*, N> serialize_reserving(const google::protobuf::MessageLite& head,
+                                            const std::array<Reserve, N>& fields,
+                                            grpc::ByteBuffer* out) {
+  const size_t head_len = head.ByteSizeLong();
+  size_t total = head_len;
+  for (const Reserve& r : fields)
+    if (r.len > 0) total += bytes_field_size(r.len);
+  uint8_t* p = alloc_buffer(total, out);
+  p = head.SerializeWithCachedSizesToArray(p);
+  std::array<uint8_t*, N> where{};
+  for (size_t i = 0; i < N; ++i) {
+    if (fields[i].len == 0) continue;
+    p = put_bytes_header(fields[i].field, fields[i].len, p);
+    where[i] = p;
+    p += fields[i].len;
+  }
+  return where;
+}
 
 }  // namespace cpu_dist::ps::wire

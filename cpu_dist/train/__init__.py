@@ -1,0 +1,1 @@
+"""Training: the distributed worker loop, the single-process reference, metrics."""

@@ -1,0 +1,227 @@
+"""The single-process PyTorch reference: the yardstick of the equivalence tests.
+
+DESIGN.md section 3's contract says a synchronous distributed run equals one process
+training on the global batches. This module is that one process, written with nothing but
+plain PyTorch so that it is easy to trust:
+
+- embeddings: one ``nn.EmbeddingBag(mode="sum")`` with one id per bag over every key that
+  appears in the training batches, rows initialised with ``contracts.row_init`` exactly as
+  the parameter server initialises a row on first touch;
+- dense part: :func:`build_dlrm`, the same function the distributed trainer uses, so the
+  dense initial weights are equal;
+- loss: ``BCEWithLogitsLoss`` averaged over the global batch;
+- dense update: ``torch.optim.SGD`` or ``AdamW`` (defaults except lr);
+- sparse update: by hand, on the rows the step touched, in float32 and in the operation order
+  of the PS (``csrc/optimizer.h``), so the two can agree to the last bit where the gradients
+  do:  SGD ``w -= lr * g``; row-wise Adagrad ``s += (sum_c g_c^2) / dim``,
+  ``w -= (lr / (sqrt(s) + 1e-8)) * g``, accumulator starting at 0.
+
+With ``dtype=torch.float64`` the dense part and the embedding compute run in float64 while
+the rows stay float32-valued (the PS stores float32): gradients are cast to float32 before
+the update and the updated rows are stored back exactly.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from cpu_dist.data import Batch, Dataset, train_batches
+from cpu_dist.models.dlrm import DLRM, build_dlrm
+from cpu_dist.sparse.contracts import row_init
+
+__all__ = ["LocalEmbedding", "ReferenceTrainer", "build_dlrm", "sparse_update", "train_reference"]
+
+
+class LocalEmbedding(nn.Module):
+    """Fused keys ``[B, F]`` -> rows ``[B, F, dim]`` through a plain ``nn.EmbeddingBag``.
+
+    ``keys`` (sorted, unique) are the bag's index space: key ``keys[i]`` is row ``i``. Keys
+    outside that set are an error while autograd records (training), and read as their
+    first-touch rows ``row_init(init_seed, key)`` under ``torch.no_grad()`` (evaluation), as
+    a PS pull of a never-trained key would.
+    """
+
+    def __init__(self, keys: np.ndarray, rows: np.ndarray, init_seed: int = 0, init_scale: float = 0.0) -> None:
+        super().__init__()
+        keys = np.asarray(keys, dtype=np.int64)
+        if keys.ndim != 1 or np.any(np.diff(keys) <= 0):
+            raise ValueError("keys must be sorted and unique")
+        self.register_buffer("keys", torch.from_numpy(keys.copy()), persistent=False)
+        weight = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32).copy())
+        self.bag = nn.EmbeddingBag(len(keys), weight.shape[1], mode="sum", sparse=True, _weight=weight)
+        self.init_seed, self.init_scale = init_seed, init_scale
+
+    def _lookup(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index of each key, clamped into range; mask of keys that are in the set)."""
+        n = len(self.keys)
+        if n == 0:
+            return torch.zeros_like(flat), torch.zeros(flat.shape, dtype=torch.bool)
+        idx = torch.searchsorted(self.keys, flat).clamp(max=n - 1)
+        return idx, self.keys[idx] == flat
+
+    def forward(self, keys: torch.Tensor) -> torch.Tensor:
+        keys = torch.as_tensor(keys)
+        flat = keys.reshape(-1)
+        idx, found = self._lookup(flat)
+        if bool(found.all()):
+            out = self.bag(idx.reshape(-1, 1))
+        elif torch.is_grad_enabled():
+            raise KeyError("a training key is not in the reference embedding's key set")
+        else:
+            out = self.bag.weight[idx].clone()
+            missing = ~found
+            init = row_init(self.init_seed, flat[missing].numpy(), self.bag.weight.shape[1], self.init_scale)
+            out[missing] = torch.from_numpy(init).to(out.dtype)
+        return out.reshape(*keys.shape, out.shape[-1])
+
+
+def sparse_update(
+    kind: str, weights: np.ndarray, state: np.ndarray | None, grads: np.ndarray, lr: float
+) -> None:
+    """In place, float32, the PS's operation order (``csrc/optimizer.h``).
+
+    ``weights [u, d]`` and ``state [u]`` (Adagrad accumulators) are float32 arrays of the
+    touched rows; ``grads [u, d]`` their aggregated gradients.
+    """
+    lr32 = np.float32(lr)
+    g = np.asarray(grads, dtype=np.float32)
+    if kind == "sgd":
+        weights -= lr32 * g
+        return
+    if kind != "rowwise_adagrad":
+        raise ValueError(f"unknown sparse optimizer {kind!r}")
+    assert state is not None
+    sq = np.zeros(g.shape[0], dtype=np.float32)
+    for c in range(g.shape[1]):  # columns in order, as the C++ loop sums them
+        sq += g[:, c] * g[:, c]
+    state += sq / np.float32(g.shape[1])
+    step = lr32 / (np.sqrt(state) + np.float32(1e-8))
+    weights -= step[:, None] * g
+
+
+def _training_keys(dataset: Dataset, batch_size: int, start_step: int, steps: int) -> np.ndarray:
+    """Sorted unique keys of the training batches the run will see (first pass)."""
+    parts = [np.zeros(0, dtype=np.int64)]
+    for step, batch in train_batches(dataset, batch_size, start_step):
+        if step >= start_step + steps:
+            break
+        parts.append(np.unique(batch.keys))
+    return np.unique(np.concatenate(parts))
+
+
+def _dense_optimizer(kind: str, model: DLRM, lr: float) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(model.dense_parameters(), lr=lr)
+    if kind == "adamw":
+        return torch.optim.AdamW(model.dense_parameters(), lr=lr)
+    raise ValueError(f"unknown dense optimizer {kind!r}")
+
+
+class ReferenceTrainer:
+    """The reference's state and one training step; :func:`train_reference` drives it.
+
+    Separate from the driver so tests and tools can evaluate the model between steps.
+    """
+
+    def __init__(
+        self, *, keys: np.ndarray, num_dense: int, num_sparse: int, dim: int,
+        bot_mlp: Sequence[int], top_mlp: Sequence[int], seed: int, lr: float,
+        sparse_lr: float | None, dense_optimizer: str, sparse_optimizer: str,
+        init_scale: float, init_seed: int, dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if sparse_optimizer not in ("sgd", "rowwise_adagrad"):
+            raise ValueError(f"unknown sparse optimizer {sparse_optimizer!r}")
+        self.keys = np.asarray(keys, dtype=np.int64)
+        self.embedding = LocalEmbedding(
+            self.keys, row_init(init_seed, self.keys, dim, init_scale), init_seed, init_scale
+        )
+        self.model = build_dlrm(
+            self.embedding, num_dense=num_dense, num_sparse=num_sparse, dim=dim,
+            bot_mlp=bot_mlp, top_mlp=top_mlp, seed=seed, dtype=dtype,
+        )
+        self.dtype = dtype
+        self.sparse_lr = lr if sparse_lr is None else sparse_lr
+        self.sparse_optimizer = sparse_optimizer
+        self.optimizer = _dense_optimizer(dense_optimizer, self.model, lr)
+        self.state = np.zeros(len(self.keys), dtype=np.float32)
+        self.touched = np.zeros(len(self.keys), dtype=bool)
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def step(self, batch: Batch) -> float:
+        """One synchronous step on a global batch; returns the loss before the update."""
+        weight = self.embedding.bag.weight
+        self.optimizer.zero_grad(set_to_none=True)
+        weight.grad = None
+        logits = self.model(torch.from_numpy(batch.dense), torch.from_numpy(batch.keys))
+        loss = self.loss_fn(logits, torch.from_numpy(batch.labels).to(self.dtype))
+        loss.backward()
+
+        grad = weight.grad.coalesce()  # sums repeated keys: one gradient per touched row
+        idx = grad.indices()[0]
+        idx_np = idx.numpy()
+        rows = weight.data[idx].to(torch.float32).numpy().copy()  # float32-valued in any dtype
+        row_state = self.state[idx_np]
+        sparse_update(self.sparse_optimizer, rows, row_state, grad.values().to(torch.float32).numpy(), self.sparse_lr)
+        self.state[idx_np] = row_state
+        weight.data[idx] = torch.from_numpy(rows).to(weight.dtype)
+        self.touched[idx_np] = True
+        self.optimizer.step()
+        return float(loss.item())
+
+    @torch.no_grad()
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Logits (float64) of a batch; unseen keys read as their first-touch rows."""
+        self.model.eval()
+        try:
+            logits = self.model(torch.from_numpy(batch.dense), torch.from_numpy(batch.keys))
+        finally:
+            self.model.train()
+        return logits.double().numpy()
+
+    def dump(self) -> dict[str, np.ndarray]:
+        """The --dump-state format (see :func:`train_reference`)."""
+        out = {f"dense/{name}": p.detach().numpy().copy() for name, p in self.model.dense_named_parameters()}
+        weight = self.embedding.bag.weight.detach()
+        out["sparse_keys"] = self.keys[self.touched].copy()
+        out["sparse_values"] = weight[torch.from_numpy(self.touched)].to(torch.float32).numpy().copy()
+        return out
+
+
+def train_reference(
+    *,
+    dataset: Dataset,
+    steps: int,
+    batch_size: int,
+    dim: int,
+    bot_mlp: Sequence[int],
+    top_mlp: Sequence[int],
+    seed: int,
+    lr: float,
+    sparse_lr: float | None,
+    dense_optimizer: str,
+    sparse_optimizer: str,
+    init_scale: float,
+    init_seed: int,
+    dtype: torch.dtype = torch.float32,
+    start_step: int = 0,
+) -> dict[str, np.ndarray]:
+    """Train steps ``[start_step, start_step + steps)`` from fresh weights; the --dump-state dict.
+
+    Returns ``dense/<name>`` (model dtype) for every dense parameter, ``sparse_keys`` (int64,
+    sorted: every key that received a gradient) and ``sparse_values`` (float32, same order).
+    A Criteo file that ends earlier ends the run earlier, as it does the trainer's.
+    """
+    trainer = ReferenceTrainer(
+        keys=_training_keys(dataset, batch_size, start_step, steps),
+        num_dense=dataset.num_dense, num_sparse=dataset.num_sparse, dim=dim, bot_mlp=bot_mlp,
+        top_mlp=top_mlp, seed=seed, lr=lr, sparse_lr=sparse_lr, dense_optimizer=dense_optimizer,
+        sparse_optimizer=sparse_optimizer, init_scale=init_scale, init_seed=init_seed, dtype=dtype,
+    )
+    for step, batch in train_batches(dataset, batch_size, start_step):
+        if step >= start_step + steps:
+            break
+        trainer.step(batch)
+    return trainer.dump()

@@ -1,0 +1,36 @@
+"""Run launcher.py under a real mpirun, as users do, and read back its --dump-state."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_oob_tcp_if_include": "lo",
+    "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+# A small model so a 20-step run takes seconds on two cores.
+SMALL = ["--embedding-dim", "8", "--arch-mlp-bot", "16-8", "--arch-mlp-top", "16-1",
+         "--batch-size", "96", "--max_step", "20", "--lr", "0.1", "--no-progress",
+         "--eval-every", "0", "--eval-batches", "1", "--print-freq", "5"]
+
+
+def mpirun(np_: int, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, **MPI_ENV}
+    cmd = ["mpirun", "-np", str(np_), sys.executable, str(ROOT / "launcher.py"), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train(tmp: Path, name: str, workers: int, shards: int, extra: list[str] = ()) -> dict:
+    out = tmp / f"{name}.npz"
+    proc = mpirun(workers + shards, ["--worker-num", str(workers), *SMALL, *extra,
+                                     "--dump-state", str(out)])
+    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    with np.load(out) as z:
+        return {k: z[k] for k in z.files}

@@ -1,0 +1,77 @@
+"""The promise: distributed synchronous training equals a single-process PyTorch run.
+
+Real mpirun jobs with real PS ranks (launcher.py, --dump-state) against the plain
+nn.EmbeddingBag reference of cpu_dist/train/reference.py on the same global batches.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cpu_dist.data import make_dataset
+from cpu_dist.train.reference import train_reference
+from launch import train
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def reference(sparse_optimizer: str, dense_optimizer: str = "sgd") -> dict:
+    return train_reference(dataset=make_dataset("synthetic", seed=0), steps=20, batch_size=96,
+                           dim=8, bot_mlp=[16, 8], top_mlp=[16, 1], seed=0, lr=0.1,
+                           sparse_lr=0.1, dense_optimizer=dense_optimizer,
+                           sparse_optimizer=sparse_optimizer, init_scale=8 ** -0.5,
+                           init_seed=0, dtype=torch.float32)
+
+
+def assert_same_model(got: dict, want: dict, rtol: float) -> None:
+    assert set(got) == set(want), f"different entries: {set(got) ^ set(want)}"
+    np.testing.assert_array_equal(got["sparse_keys"], want["sparse_keys"])
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("equivalence"), {}
+
+
+@pytest.mark.parametrize("sparse_optimizer", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("workers,shards", [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (3, 2)])
+def test_distributed_equals_single_process(runs, workers, shards, sparse_optimizer):
+    tmp, cache = runs
+    want = cache.setdefault(("ref", sparse_optimizer), reference(sparse_optimizer))
+    got = train(tmp, f"w{workers}p{shards}-{sparse_optimizer}", workers, shards,
+                ["--sparse-optimizer", sparse_optimizer])
+    cache[(workers, shards, sparse_optimizer)] = got
+    assert len(got["sparse_keys"]) > 100
+    assert_same_model(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sparse_optimizer", ["sgd", "rowwise_adagrad"])
+def test_shard_count_changes_no_bit(runs, sparse_optimizer):
+    tmp, cache = runs
+    for w in (1, 2, 3):
+        one = cache.get((w, 1, sparse_optimizer)) or train(tmp, f"b{w}p1", w, 1,
+                                                           ["--sparse-optimizer", sparse_optimizer])
+        two = cache.get((w, 2, sparse_optimizer)) or train(tmp, f"b{w}p2", w, 2,
+                                                           ["--sparse-optimizer", sparse_optimizer])
+        for k in one:
+            np.testing.assert_array_equal(one[k], two[k], err_msg=f"W={w} {k}")
+
+
+def test_same_run_twice_same_bits(runs):
+    tmp, _ = runs
+    a = train(tmp, "twice-a", 2, 1, ["--dense-optimizer", "adamw"])
+    b = train(tmp, "twice-b", 2, 1, ["--dense-optimizer", "adamw"])
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_adamw_and_float64(runs):
+    tmp, _ = runs
+    want = reference("sgd", dense_optimizer="adamw")
+    got = train(tmp, "adamw", 2, 1, ["--dense-optimizer", "adamw"])
+    assert_same_model(got, want, rtol=1e-5)
+    got64 = train(tmp, "f64", 2, 1, ["--dtype", "float64"])
+    assert got64["dense/top.0.weight"].dtype == np.float64
