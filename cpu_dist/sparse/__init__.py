@@ -1,0 +1,9 @@
+"""Sparse parameters: the C++ parameter server (gRPC) and its client.
+
+A thin re-export of the native module ``cpu_dist.sparse._ps``; see ``_ps.pyi`` for the API.
+"""
+from __future__ import annotations
+
+from ._ps import NUM_PARTITIONS, Client, Handle, PSError, Server, partition_of, row_init
+
+__all__ = ["NUM_PARTITIONS", "Client", "Handle", "PSError", "Server", "partition_of", "row_init"]

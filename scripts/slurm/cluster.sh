@@ -60,7 +60,14 @@ free_port() {
     die "found no free TCP port"
 }
 
-pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
+# Alive and not a zombie: a daemon that exited stays a zombie until its parent (here often
+# pid 1, which in some containers never reaps) collects it, and kill -0 still succeeds on it.
+pid_alive() {
+    [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null || return 1
+    local state
+    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null || true)
+    [[ "${state}" != Z && "${state}" != X ]]
+}
 
 read_pid() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
 
@@ -295,6 +302,12 @@ stop_pid() {
 
 not_alive() { ! pid_alive "$1"; }
 
+none_alive() {
+    local pid
+    for pid in "$@"; do pid_alive "${pid}" && return 1; done
+    return 0
+}
+
 # Job processes (slurmstepd and the tasks under it) outlive slurmd. A slurmstepd is ours when
 # it holds a file of DIR open (slurmd's log, its spool sockets); it and its descendants are
 # stopped by pid, never by a name pattern.
@@ -303,7 +316,7 @@ cluster_pids() {
     for p in /proc/[0-9]*; do
         p=${p#/proc/}
         exe=$(readlink "/proc/$p/exe" 2>/dev/null || true)
-        if [[ "${exe}" == */slurmstepd ]] &&
+        if [[ "${exe}" == */slurmstepd* ]] &&
             ls -l "/proc/$p/fd" 2>/dev/null | grep -qF -- "-> ${dir}/"; then
             steps+=" $p"
         fi
@@ -339,10 +352,14 @@ stop_daemons() {
     stop_pid slurmctld "${dir}/run/slurmctld.pid"
     local pids pid
     pids=$(cluster_pids "${dir}")
-    for pid in ${pids}; do kill -TERM "${pid}" 2>/dev/null || true; done
-    for pid in ${pids}; do
-        wait_for 10 not_alive "${pid}" || kill -KILL "${pid}" 2>/dev/null || true
-    done
+    if [[ -n "${pids}" ]]; then
+        log "ending job processes left by slurmd: ${pids}"
+        # slurmstepd and srun do not simply exit on TERM: give all of them 5 s together.
+        for pid in ${pids}; do kill -TERM "${pid}" 2>/dev/null || true; done
+        wait_for 5 none_alive ${pids} || true
+        for pid in ${pids}; do pid_alive "${pid}" && kill -KILL "${pid}" 2>/dev/null; done
+        wait_for 5 none_alive ${pids} || log "warning: still alive: ${pids}"
+    fi
     stop_pid munged "${dir}/run/munged.pid"
 }
 

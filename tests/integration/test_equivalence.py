@@ -24,11 +24,11 @@ def reference(sparse_optimizer: str, dense_optimizer: str = "sgd") -> dict:
                            init_seed=0, dtype=torch.float32)
 
 
-def assert_same_model(got: dict, want: dict, rtol: float) -> None:
+def assert_same_model(got: dict, want: dict, rtol: float, atol: float = 1e-6) -> None:
     assert set(got) == set(want), f"different entries: {set(got) ^ set(want)}"
     np.testing.assert_array_equal(got["sparse_keys"], want["sparse_keys"])
     for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=atol, err_msg=k)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,32 @@ def test_adamw_and_float64(runs):
     tmp, _ = runs
     want = reference("sgd", dense_optimizer="adamw")
     got = train(tmp, "adamw", 2, 1, ["--dense-optimizer", "adamw"])
-    assert_same_model(got, want, rtol=1e-5)
+    # Adam divides by sqrt(v): for a weight whose gradient is ~0, the last-bit difference of a
+    # W-way sum against a one-process sum becomes an O(lr) step, so only an absolute bound of
+    # a fraction of one step holds; SGD and row-wise Adagrad are held to rtol 1e-5 above.
+    assert_same_model(got, want, rtol=1e-3, atol=1e-4)
     got64 = train(tmp, "f64", 2, 1, ["--dtype", "float64"])
     assert got64["dense/top.0.weight"].dtype == np.float64
+
+
+@pytest.mark.parametrize("sparse_optimizer", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_collective_aggregation_equals_reference_and_ps_mode(runs, workers, sparse_optimizer):
+    tmp, cache = runs
+    want = cache.setdefault(("ref", sparse_optimizer), reference(sparse_optimizer))
+    got = train(tmp, f"coll-w{workers}-{sparse_optimizer}", workers, 2,
+                ["--sparse-optimizer", sparse_optimizer, "--aggregation", "collective"])
+    assert_same_model(got, want, rtol=1e-5)
+    ps_mode = cache.get((workers, 2, sparse_optimizer))
+    if ps_mode is None:
+        ps_mode = train(tmp, f"ps-w{workers}-{sparse_optimizer}", workers, 2,
+                        ["--sparse-optimizer", sparse_optimizer])
+    assert_same_model(got, ps_mode, rtol=1e-5)
+
+
+def test_barrier_and_pipelined_give_the_same_bits(runs):
+    tmp, cache = runs
+    pipelined = cache.get((2, 1, "sgd")) or train(tmp, "pipe", 2, 1, [])
+    barrier = train(tmp, "barrier", 2, 1, ["--sparse-sync", "barrier"])
+    for k in pipelined:
+        np.testing.assert_array_equal(pipelined[k], barrier[k], err_msg=k)

@@ -44,9 +44,11 @@ inline uint8_t* put_bytes_header(uint32_t field, size_t len, uint8_t* p) {
   return put_varint(len, p);
 }
 
-// Wraps a freshly malloc'd slice into `out` (ownership moves to the ByteBuffer).
+// Wraps a freshly malloc'd slice into `out` (ownership moves to the ByteBuffer) and returns
+// where to write.  Always a refcounted slice: grpc_slice_malloc would inline small sizes into
+// the slice struct itself, which is copied below, so writes through the pointer would be lost.
 inline uint8_t* alloc_buffer(size_t n, grpc::ByteBuffer* out) {
-  grpc_slice s = grpc_slice_malloc(n);
+  grpc_slice s = grpc_slice_malloc_large(n);
   uint8_t* p = GRPC_SLICE_START_PTR(s);
   grpc::Slice slice(s, grpc::Slice::STEAL_REF);
   grpc::ByteBuffer bb(&slice, 1);

@@ -1,0 +1,57 @@
+// cpu_dist.sparse._ps.Server: one shard, served from this process.
+#include <optional>
+
+#include "bindings.h"
+#include "convert.h"
+#include "server.h"
+
+namespace cpu_dist::python {
+
+void bind_server(py::module_& m) {
+  using ps::PsServer;
+  using ps::ServerOptions;
+  py::class_<PsServer>(m, "Server", "One parameter-server shard (gRPC), served from this process.")
+      .def(py::init([](uint32_t dim, std::string token, float init_scale, std::string host,
+                       int port, std::string table, uint64_t seed, uint32_t shard_index,
+                       uint32_t num_shards, int64_t max_message_bytes) {
+             if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
+               throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
+                                     std::to_string(max_message_bytes));
+             if (port < 0 || port > 65535)
+               throw py::value_error("port must be in 0..65535, got " + std::to_string(port));
+             ServerOptions o;
+             o.dim = dim;
+             o.token = std::move(token);
+             o.init_scale = init_scale;
+             o.host = std::move(host);
+             o.port = port;
+             o.table = std::move(table);
+             o.seed = seed;
+             o.shard_index = shard_index;
+             o.num_shards = num_shards;
+             o.max_message_bytes = static_cast<int>(max_message_bytes);
+             return std::make_unique<PsServer>(std::move(o));
+           }),
+           py::arg("dim"), py::arg("token"), py::kw_only(), py::arg("init_scale"),
+           py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("table") = "embedding",
+           py::arg("seed") = 0, py::arg("shard_index") = 0, py::arg("num_shards") = 1,
+           py::arg("max_message_bytes") = int64_t{64} << 20)
+      .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
+           "Bind and serve; returns the bound port.")
+      .def_property_readonly("port", &PsServer::port)
+      .def_property_readonly("address", &PsServer::address)
+      .def_property_readonly("dim", [](const PsServer& s) { return s.options().dim; })
+      .def_property_readonly("table", [](const PsServer& s) { return s.options().table; })
+      .def(
+          "wait",
+          [](PsServer& s, std::optional<double> timeout_s) {
+            py::gil_scoped_release release;
+            return s.wait(timeout_s ? *timeout_s : -1.0);
+          },
+          py::arg("timeout_s") = py::none(), "True once the server stopped.")
+      .def("stop", &PsServer::stop, py::arg("drain_timeout_s") = 10.0,
+           py::call_guard<py::gil_scoped_release>(), "Drain in-flight calls and stop.")
+      .def("stats", [](const PsServer& s) { return message_to_dict(s.stats()); });
+}
+
+}  // namespace cpu_dist::python

@@ -1,0 +1,74 @@
+// Shared pieces of the Python layer: numpy argument checks and protobuf -> dict.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+
+namespace cpu_dist::python {
+
+namespace py = pybind11;
+using KeysArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using RowsArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+inline std::string shape_str(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(a.shape(i));
+  }
+  if (a.ndim() == 1) s += ",";
+  return s + ")";
+}
+
+// keys: anything numpy turns into int64 (copied when not contiguous int64); must be 1-D.
+inline KeysArray as_keys(const py::handle& obj) {
+  KeysArray a = KeysArray::ensure(obj);
+  if (!a) throw py::error_already_set();
+  if (a.ndim() != 1)
+    throw py::value_error("keys must be a 1-D array, got shape " + shape_str(a));
+  return a;
+}
+
+// grads: float32 [n, dim] (converted when needed); n must match the keys.
+inline RowsArray as_grads(const py::handle& obj, py::ssize_t n, uint32_t dim) {
+  RowsArray a = RowsArray::ensure(obj);
+  if (!a) throw py::error_already_set();
+  if (a.ndim() != 2 || a.shape(0) != n || a.shape(1) != static_cast<py::ssize_t>(dim))
+    throw py::value_error("grads must have shape (" + std::to_string(n) + ", " +
+                          std::to_string(dim) + ") to match keys and dim, got shape " +
+                          shape_str(a));
+  return a;
+}
+
+// A protobuf message's scalar fields as a dict (field name -> int/float/bool/str).
+inline py::dict message_to_dict(const google::protobuf::Message& m) {
+  py::dict d;
+  const auto* desc = m.GetDescriptor();
+  const auto* refl = m.GetReflection();
+  using FD = google::protobuf::FieldDescriptor;
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const FD* f = desc->field(i);
+    if (f->is_repeated()) continue;
+    py::str name(f->name());
+    switch (f->cpp_type()) {
+      case FD::CPPTYPE_UINT64: d[name] = refl->GetUInt64(m, f); break;
+      case FD::CPPTYPE_UINT32: d[name] = refl->GetUInt32(m, f); break;
+      case FD::CPPTYPE_INT64: d[name] = refl->GetInt64(m, f); break;
+      case FD::CPPTYPE_INT32: d[name] = refl->GetInt32(m, f); break;
+      case FD::CPPTYPE_BOOL: d[name] = refl->GetBool(m, f); break;
+      case FD::CPPTYPE_FLOAT: d[name] = refl->GetFloat(m, f); break;
+      case FD::CPPTYPE_DOUBLE: d[name] = refl->GetDouble(m, f); break;
+      case FD::CPPTYPE_STRING: d[name] = refl->GetString(m, f); break;
+      default: break;
+    }
+  }
+  return d;
+}
+
+}  // namespace cpu_dist::python

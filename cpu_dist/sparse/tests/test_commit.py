@@ -1,0 +1,180 @@
+"""The ordered commit protocol: a step applies only when every rank delivered, retries are
+idempotent, conflicts and out-of-order steps are refused, and the bits do not depend on
+arrival order or chunking."""
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from cpu_dist.sparse import PSError
+
+from .conftest import TOKEN, rng_grads
+from .reference import RefTable
+
+pytestmark = pytest.mark.timeout(60)
+DIM = 4
+
+
+def bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+def test_two_ranks_and_empty_marker(cluster_factory):
+    c = cluster_factory(num_shards=2, dim=DIM)
+    cl = c.client()
+    ref = RefTable(DIM, c.seed, c.init_scale)
+    rng = np.random.default_rng(1)
+    k0, g0 = rng.integers(0, 30, 12).astype(np.int64), rng_grads(rng, 12, DIM)
+    k1, g1 = rng.integers(0, 30, 9).astype(np.int64), rng_grads(rng, 9, DIM)
+    assert cl.committed_step(5) == -1
+    cl.commit(5, 0, 0, 2, k0, g0, 0.1, "rowwise_adagrad")
+    assert cl.committed_step(5) == -1 and c.rows() == 0  # rank 1 missing: nothing applied
+    cl.commit(5, 0, 1, 2, k1, g1, 0.1, "rowwise_adagrad")
+    assert cl.wait_committed(5, 0, 10.0) == 0
+    ref.commit([(k0, g0), (k1, g1)], 0.1, "rowwise_adagrad")
+    # Step 1: rank 0 has no rows (empty marker).
+    empty_k, empty_g = np.zeros(0, np.int64), np.zeros((0, DIM), np.float32)
+    cl.commit(5, 1, 0, 2, empty_k, empty_g, 0.1, "rowwise_adagrad")
+    cl.commit(5, 1, 1, 2, k1, g1, 0.1, "rowwise_adagrad")
+    assert cl.wait_committed(5, 1, 10.0) == 1
+    ref.commit([(empty_k, empty_g), (k1, g1)], 0.1, "rowwise_adagrad")
+    # Step 2: all empty still commits.
+    cl.commit(5, 2, 0, 2, empty_k, empty_g, 0.1)
+    cl.commit(5, 2, 1, 2, empty_k, empty_g, 0.1)
+    assert cl.wait_committed(5, 2, 10.0) == 2
+    k, v, s = cl.dump()
+    rk, rv, rs = ref.dump()
+    assert np.array_equal(k, rk) and np.array_equal(bits(v), bits(rv))
+    assert np.array_equal(bits(s), bits(rs))
+
+
+def test_retry_of_committed_chunk_is_not_reapplied(cluster_factory):
+    c = cluster_factory(num_shards=1, dim=DIM)
+    cl = c.client()
+    keys, grads = np.arange(4, dtype=np.int64), np.ones((4, DIM), np.float32)
+    cl.commit(1, 0, 0, 1, keys, grads, 0.5)
+    assert cl.wait_committed(1, 0, 5.0) == 0
+    after = cl.dump()
+    cl.commit(1, 0, 0, 1, keys, grads, 0.5)  # retry: acknowledged, nothing re-applied
+    cl.commit(1, 0, 0, 1, keys, grads * 3, 0.5)  # even with other bytes: step is done
+    assert all(np.array_equal(x, y) for x, y in zip(after, cl.dump()))
+    assert cl.committed_step(1) == 0
+
+
+def test_pending_retry_identical_ok_conflicting_aborted(cluster_factory):
+    c = cluster_factory(num_shards=1, dim=DIM)
+    cl = c.client()
+    keys, grads = np.arange(4, dtype=np.int64), np.ones((4, DIM), np.float32)
+    cl.commit(2, 0, 0, 2, keys, grads, 0.5)
+    cl.commit(2, 0, 0, 2, keys, grads, 0.5)  # identical retry while pending: fine
+    with pytest.raises(PSError, match="ABORTED: conflicting retry of session 2 step 0 rank 0 chunk 0"):
+        cl.commit(2, 0, 0, 2, keys, grads * 2, 0.5)
+    with pytest.raises(PSError, match="FAILED_PRECONDITION: out-of-order step 1"):
+        cl.commit(2, 1, 1, 2, keys, grads, 0.5)
+    with pytest.raises(PSError, match="INVALID_ARGUMENT: world_size 3 does not match"):
+        cl.commit(2, 0, 1, 3, keys, grads, 0.5)
+    with pytest.raises(PSError, match="INVALID_ARGUMENT: lr 0.25 / optimizer sgd differ"):
+        cl.commit(2, 0, 1, 2, keys, grads, 0.25)
+    assert c.rows() == 0 and cl.committed_step(2) == -1
+    cl.commit(2, 0, 1, 2, keys, grads, 0.5)
+    assert cl.wait_committed(2, 0, 5.0) == 0
+    ref = RefTable(DIM, c.seed, c.init_scale)
+    ref.commit([(keys, grads), (keys, grads)], 0.5)
+    assert np.array_equal(bits(cl.dump()[1]), bits(ref.dump()[1]))
+
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_arrival_order_and_chunking_do_not_change_bits(cluster_factory, pb, seed):
+    rng = np.random.default_rng(seed)
+    per_rank = [(rng.integers(0, 25, 20).astype(np.int64), rng_grads(rng, 20, DIM))
+                for _ in range(3)]
+    dumps = []
+    for chunking in [1, 3, 7]:
+        c = cluster_factory(num_shards=1, dim=DIM)
+        channel = grpc.insecure_channel(c.addresses[0])
+        stub = pb[1].ParameterServerStub(channel)
+        chunks = []
+        for r, (k, g) in enumerate(per_rank):
+            parts = np.array_split(np.arange(20), chunking)
+            for i, p in enumerate(parts):
+                chunks.append(pb[0].CommitRequest(
+                    token=TOKEN, table="embedding", session=9, step=0, rank=r, world_size=3,
+                    chunk_index=i, chunk_count=chunking, dim=DIM, lr=0.3,
+                    optimizer=pb[0].ROWWISE_ADAGRAD, keys=k[p].tobytes(), grads=g[p].tobytes()))
+        for j in rng.permutation(len(chunks)):
+            stub.Commit(chunks[j], timeout=10)
+        cl = c.client()
+        assert cl.wait_committed(9, 0, 5.0) == 0
+        dumps.append(cl.dump())
+        channel.close()
+    ref = RefTable(DIM, 7, 0.1)
+    ref.commit(per_rank, 0.3, "rowwise_adagrad")
+    rk, rv, rs = ref.dump()
+    for k, v, s in dumps:
+        assert np.array_equal(k, rk)
+        assert np.array_equal(bits(v), bits(rv)) and np.array_equal(bits(s), bits(rs))
+
+
+def test_several_shards_small_chunks_concurrent_ranks(cluster_factory):
+    c = cluster_factory(num_shards=3, dim=DIM)
+    world = 3
+    clients = [c.client(max_keys_per_rpc=3) for _ in range(world)]
+    ref = RefTable(DIM, c.seed, c.init_scale)
+    rng = np.random.default_rng(5)
+    errors = []
+    for step in range(4):
+        data = [(rng.integers(0, 50, int(rng.integers(0, 15))).astype(np.int64), None)
+                for _ in range(world)]
+        data = [(k, rng_grads(rng, k.size, DIM)) for k, _ in data]
+
+        def rank_main(r):
+            try:
+                h = clients[r].commit_async(3, step, r, world, data[r][0], data[r][1], 0.1, "sgd")
+                h.wait(10.0)
+                assert clients[r].wait_committed(3, step, 10.0) == step
+            except Exception as e:  # surfaced below
+                errors.append(e)
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        ref.commit(data, 0.1, "sgd")
+    k, v, _ = clients[0].dump()
+    rk, rv, _ = ref.dump()
+    assert np.array_equal(k, rk) and np.array_equal(bits(v), bits(rv))
+    for r in range(world):
+        clients[r].close_session(3, r)
+    assert clients[0].committed_step(3) == 3  # remembered after the session was dropped
+
+
+def test_wait_committed_long_poll_wakes_on_commit(cluster_factory):
+    c = cluster_factory(num_shards=2, dim=DIM)
+    waiter, sender = c.client(), c.client()
+    result = []
+    t = threading.Thread(target=lambda: result.append(waiter.wait_committed(4, 0, 20.0)))
+    t.start()
+    keys = np.arange(6, dtype=np.int64)
+    sender.commit(4, 0, 0, 1, keys, np.ones((6, DIM), np.float32), 0.1)
+    t.join(20)
+    assert result == [0]
+    with pytest.raises(TimeoutError):
+        waiter.wait_committed(4, 1, 0.3)
+
+
+def test_close_session_drops_it(cluster_factory):
+    c = cluster_factory(num_shards=1, dim=DIM)
+    cl = c.client()
+    k, g = np.arange(3, dtype=np.int64), np.ones((3, DIM), np.float32)
+    cl.commit(8, 0, 0, 2, k, g, 0.1)
+    cl.commit(8, 0, 1, 2, k, g, 0.1)
+    cl.close_session(8, 0)  # nothing pending: dropped
+    # A new session with the same id starts afresh (committed -1 -> step 0 accepted again).
+    cl.commit(8, 0, 0, 1, k, g, 0.1)
+    assert cl.wait_committed(8, 0, 5.0) == 0
+    cl.close_session(8, 0)
+    cl.close_session(8, 0)  # twice is harmless

@@ -1,0 +1,233 @@
+"""Run metrics: phase timing, JSON-lines logs, held-out AUC/log loss, summary tables.
+
+JSON-lines layout (one object per line, flushed as written, so a crashed run keeps its log
+and ``scripts/plot_metrics.py`` can plot a run that is still going):
+
+- step lines: ``step``, ``loss``, ``samples_per_s``, ``t_<phase>`` (seconds spent in that
+  phase since the start of the run, cumulative, as :meth:`PhaseTimer.totals` gives them),
+  ``bytes_pulled``/``bytes_pushed`` (cumulative) and any further numbers;
+- eval lines: ``step``, ``eval_auc``, ``eval_logloss``;
+- a final ``{"summary": {...}}`` line.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from typing import IO, Any, Iterator, Mapping
+
+import numpy as np
+from sklearn.metrics import log_loss, roc_auc_score
+
+
+class PhaseTimer:
+    """Accumulates wall seconds per phase name: ``with timer("pull"): ...``.
+
+    Also usable as ``with timer.phase("pull")``. Nested phases both count their time.
+    """
+
+    def __init__(self) -> None:
+        self._totals: dict[str, float] = defaultdict(float)
+        self._counts: dict[str, int] = defaultdict(int)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._totals[name] += time.perf_counter() - t0
+            self._counts[name] += 1
+
+    __call__ = phase
+
+    def add(self, name: str, seconds: float) -> None:
+        """Account time measured elsewhere (e.g. inside a native call)."""
+        self._totals[name] += seconds
+        self._counts[name] += 1
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase since creation (or the last reset), in first-use order."""
+        return dict(self._totals)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def reset(self) -> dict[str, float]:
+        """Return the totals and start again from zero (for per-window figures)."""
+        out = self.totals()
+        self._totals.clear()
+        self._counts.clear()
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars/arrays and non-finite floats -> plain JSON (NaN/inf become null)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class JsonLinesWriter:
+    """One JSON object per line, flushed after each, so the file is always readable."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        path = os.fspath(path)
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        self.path = path
+        self._fh: IO[str] | None = open(path, "w", encoding="utf-8")
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self._fh is None:
+            raise ValueError(f"{self.path} is closed")
+        self._fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> "JsonLinesWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TensorBoardWriter:
+    """Scalars to TensorBoard when ``torch.utils.tensorboard`` can be imported, else nothing.
+
+    TensorBoard is optional (it pulls in a large package); a run must not fail for lack of it.
+    """
+
+    def __init__(self, logdir: str | os.PathLike) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:  # noqa: BLE001 - any import problem means "not available"
+            self._writer = None
+        else:
+            self._writer = SummaryWriter(os.fspath(logdir))
+
+    @property
+    def available(self) -> bool:
+        return self._writer is not None
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self._writer is None or "step" not in record:
+            return
+        step = int(record["step"])
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+                self._writer.add_scalar(key, float(value), step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class RunLog:
+    """The run's metric sinks: JSON lines at ``path`` and TensorBoard at ``tensorboard_dir``,
+    each optional (None: off), so non-chief ranks can hold a RunLog that writes nothing."""
+
+    def __init__(self, path: str | os.PathLike | None = None, tensorboard_dir: str | os.PathLike | None = None) -> None:
+        self.jsonl = JsonLinesWriter(path) if path else None
+        self.tensorboard = TensorBoardWriter(tensorboard_dir) if tensorboard_dir else None
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self.jsonl is not None:
+            self.jsonl.write(record)
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+
+    def close(self) -> None:
+        for sink in (self.jsonl, self.tensorboard):
+            if sink is not None:
+                sink.close()
+
+    def __enter__(self) -> "RunLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def evaluate(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """``{"auc", "logloss"}`` of logits against 0/1 labels (scikit-learn's definitions).
+
+    AUC is NaN when the labels hold one class only (it is undefined there).
+    """
+    s = np.asarray(logits, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if s.shape != y.shape or s.size == 0:
+        raise ValueError(f"need equally many logits and labels (> 0), got {s.shape} and {y.shape}")
+    p = np.exp(-np.logaddexp(0.0, -s))  # sigmoid without overflow
+    auc = float(roc_auc_score(y, s)) if np.unique(y).size == 2 else float("nan")
+    return {"auc": auc, "logloss": float(log_loss(y, p, labels=[0.0, 1.0]))}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}"
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if not math.isfinite(v):
+            return str(v)
+        if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
+            return f"{v:.4g}"
+        return f"{v:,.4f}"
+    return str(value)
+
+
+def format_table(rows: list[tuple[Any, ...]] | list[list[Any]], headers: tuple[str, ...] | None = None) -> str:
+    """Plain-text table: first column left-aligned, the others right-aligned."""
+    cells = [[_fmt(c) for c in r] for r in rows]
+    if headers is not None:
+        cells.insert(0, list(headers))
+    if not cells:
+        return ""
+    ncol = max(len(r) for r in cells)
+    cells = [r + [""] * (ncol - len(r)) for r in cells]
+    widths = [max(len(r[i]) for r in cells) for i in range(ncol)]
+    lines = []
+    for n, r in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if n == 0 and headers is not None:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def summary_table(summary: Mapping[str, Any]) -> str:
+    """The end-of-run summary: the figures, then time per phase (``t_<phase>`` keys) with
+    its share of all phase time."""
+    plain = [(k, v) for k, v in summary.items() if not k.startswith("t_") and not isinstance(v, Mapping)]
+    phases = [(k[2:], float(v)) for k, v in summary.items() if k.startswith("t_")]
+    out = [format_table(plain, ("metric", "value"))]
+    if phases:
+        total = sum(v for _, v in phases) or 1.0
+        rows = [(name, secs, f"{100.0 * secs / total:.1f}%") for name, secs in phases]
+        out.append(format_table(rows, ("phase", "seconds", "share")))
+    return "\n\n".join(out)
+
+
+def progress(total: int | None, enabled: bool = True, **kwargs: Any):
+    """A tqdm progress bar, or a silent stand-in with the same methods when disabled."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, dynamic_ncols=True, **kwargs)

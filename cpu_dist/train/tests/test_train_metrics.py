@@ -1,0 +1,104 @@
+"""Phase timer, JSON-lines log, evaluation metrics and the summary table."""
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+from sklearn.metrics import log_loss, roc_auc_score
+
+from cpu_dist.train import metrics
+from cpu_dist.train.metrics import JsonLinesWriter, PhaseTimer, RunLog, evaluate, format_table, summary_table
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_phase_timer_accumulates_per_phase():
+    t = PhaseTimer()
+    for _ in range(2):
+        with t("pull"):
+            _busy(0.005)
+    with t.phase("forward"):
+        with t("backward"):
+            _busy(0.002)
+    t.add("commit_wait", 1.5)
+    tot = t.totals()
+    assert list(tot) == ["pull", "backward", "forward", "commit_wait"]
+    assert 0.01 <= tot["pull"] < 1.0
+    assert tot["forward"] >= tot["backward"] >= 0.002
+    assert tot["commit_wait"] == 1.5
+    assert t.counts()["pull"] == 2
+    assert t.reset() == tot and t.totals() == {}
+
+
+def test_phase_timer_counts_time_when_the_body_raises():
+    t = PhaseTimer()
+    with pytest.raises(RuntimeError):
+        with t("push"):
+            raise RuntimeError("boom")
+    assert t.counts() == {"push": 1}
+
+
+def test_jsonl_is_flushed_per_line_and_plain_json(tmp_path):
+    path = tmp_path / "sub" / "run.jsonl"
+    w = JsonLinesWriter(path)
+    w.write({"step": np.int64(10), "loss": np.float32(0.5), "t_pull": 0.25, "bad": float("nan"),
+             "arr": np.arange(2)})
+    lines = path.read_text().splitlines()  # readable before close
+    assert json.loads(lines[0]) == {"step": 10, "loss": 0.5, "t_pull": 0.25, "bad": None, "arr": [0, 1]}
+    w.write({"step": 20, "eval_auc": 0.7})
+    w.close()
+    assert len(path.read_text().splitlines()) == 2
+    with pytest.raises(ValueError):
+        w.write({"step": 1})
+
+
+def test_run_log_sinks_are_optional(tmp_path):
+    with RunLog(None, None) as log:
+        log.write({"step": 1, "loss": 0.1})  # writes nothing, fails nothing
+    path = tmp_path / "m.jsonl"
+    with RunLog(path, tmp_path / "tb") as log:
+        log.write({"step": 1, "loss": 0.1})
+        log.write({"summary": {"steps": 1}})
+        assert log.tensorboard is not None  # works with or without tensorboard installed
+    assert [json.loads(x) for x in path.read_text().splitlines()][1] == {"summary": {"steps": 1}}
+
+
+def test_evaluate_matches_scikit_learn():
+    g = np.random.default_rng(0)
+    y = (g.random(500) < 0.3).astype(np.float32)
+    s = g.normal(size=500) + 1.5 * y
+    got = evaluate(s, y)
+    p = 1 / (1 + np.exp(-s))
+    assert got["auc"] == pytest.approx(roc_auc_score(y, s))
+    assert got["logloss"] == pytest.approx(log_loss(y, p))
+    assert evaluate(np.array([-1.0, 2.0]), np.array([0, 1]))["auc"] == 1.0
+    # Extreme logits do not overflow.
+    assert math.isfinite(evaluate(np.array([-800.0, 800.0]), np.array([0, 1]))["logloss"])
+    assert math.isnan(evaluate(np.array([0.1, 0.2]), np.array([1, 1]))["auc"])
+    with pytest.raises(ValueError):
+        evaluate(np.zeros(3), np.zeros(2))
+
+
+def test_tables_are_aligned():
+    text = format_table([("loss", 0.123456), ("samples_per_s", 12345.6), ("steps", 200)], ("metric", "value"))
+    lines = text.splitlines()
+    assert lines[0].split() == ["metric", "value"] and set(lines[1].replace(" ", "")) == {"-"}
+    assert len({len(x) for x in lines}) == 1, "right-aligned last column: equal widths"
+    assert "12,345.6000" in text and "200" in text
+    s = summary_table({"steps": 10, "seconds": 2.0, "t_pull": 1.0, "t_forward": 3.0})
+    assert "pull" in s and "25.0%" in s and "75.0%" in s and "t_pull" not in s
+
+
+def test_progress_can_be_silenced(capsys):
+    bar = metrics.progress(3, enabled=False)
+    bar.update(1)
+    bar.set_postfix(loss="0.1")
+    bar.close()
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,271 @@
+#!/usr/bin/env python
+"""Benchmark the C++ parameter server against torch.distributed.rpc over loopback.
+
+One PS process (``python -m cpu_dist.sparse.server``, a subprocess of ours) serves a D=64
+table; the same pulls and pushes go to a torch.distributed.rpc worker pair, where a remote
+function gathers / applies the same rows on a torch table.  Cases: 256 and 4096 keys per
+request, 1 and 4 caller threads.  Then a fresh PS gets 10 million rows via push and its
+resident memory per row is reported relative to the payload (D * 4 bytes).
+
+The last line printed is one JSON object: rows/s per case, ratios (ours / torch rpc) and
+``ps_bytes_per_row``.  Targets: pull_ratio_256 >= 3, pull_ratio_4096 >= 1.5,
+ps_bytes_per_row <= 1.3.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+DIM = 64
+TABLE_ROWS = 200_000
+TOKEN = "bench-token"
+
+
+# ---- torch.distributed.rpc side (functions must be importable by the worker) ------------
+
+_TABLE = None
+
+
+def _torch_table():
+    global _TABLE
+    if _TABLE is None:
+        import torch
+        _TABLE = torch.randn(TABLE_ROWS, DIM) * 0.01
+    return _TABLE
+
+
+def torch_gather(keys):
+    return _torch_table().index_select(0, keys)
+
+
+def torch_apply(keys, grads, lr):
+    import torch
+    uniq, inv = torch.unique(keys, return_inverse=True)
+    summed = torch.zeros(uniq.numel(), DIM).index_add_(0, inv, grads)
+    _torch_table().index_add_(0, uniq, summed, alpha=-lr)
+    return int(uniq.numel())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_rpc(rank: int, port: int, transport: str):
+    import torch.distributed.rpc as rpc
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    kw = {}
+    if transport == "tcp":
+        # TCP over loopback, as between hosts and as our PS runs.  TensorPipe's default
+        # would pick shared memory / cross-memory-attach between two local processes.
+        kw = {"_transports": ["uv"], "_channels": ["basic"]}
+    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8,
+                                           init_method=f"tcp://127.0.0.1:{port}", **kw)
+    rpc.init_rpc("ps" if rank == 1 else "trainer", rank=rank, world_size=2,
+                 rpc_backend_options=opts)
+    return rpc
+
+
+def torch_worker_main(port: int, transport: str) -> None:
+    rpc = _init_rpc(1, port, transport)
+    _torch_table()
+    rpc.shutdown()  # blocks until the trainer is done
+
+
+# ---- measurement ----------------------------------------------------------------------
+
+def rate(fn_per_thread, threads: int, seconds: float, rows_per_call: int) -> float:
+    """rows/s of `threads` callers each running fn(i) in a loop for `seconds`."""
+    stop = time.perf_counter() + seconds
+    counts = [0] * threads
+
+    def loop(t):
+        fn = fn_per_thread(t)
+        fn()  # warm-up
+        n = 0
+        while time.perf_counter() < stop:
+            fn()
+            n += 1
+        counts[t] = n
+
+    start = time.perf_counter()
+    ts = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(counts) * rows_per_call / (time.perf_counter() - start)
+
+
+def key_batches(n: int, count: int = 64, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.choice(TABLE_ROWS, n, replace=False).astype(np.int64) for _ in range(count)]
+
+
+def start_ps(tmp: Path, extra=()) -> tuple[subprocess.Popen, str]:
+    tf = tmp / "token"
+    tf.write_text(TOKEN)
+    p = subprocess.Popen([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0",
+                          "--dim", str(DIM), "--token-file", str(tf), *extra],
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        p.kill()
+        raise SystemExit(f"PS did not start: {line!r}")
+    return p, line.split()[-1]
+
+
+class Ours:
+    """Callers of our PS: one Client per caller thread (as one per worker process)."""
+
+    def __init__(self, addr: str, threads: int):
+        from cpu_dist.sparse import Client
+        self.clients = [Client([addr], TOKEN, DIM) for _ in range(threads)]
+        keys = np.arange(TABLE_ROWS, dtype=np.int64)
+        for i in range(0, TABLE_ROWS, 8192):
+            k = keys[i:i + 8192]
+            self.clients[0].push(k, np.zeros((k.size, DIM), np.float32), 0.0)
+
+    def pull(self, t, batches, n):
+        cl, it, out = self.clients[t], iter(range(1 << 62)), np.empty((n, DIM), np.float32)
+        return lambda: cl.pull(batches[next(it) % len(batches)], out=out)
+
+    def push(self, t, batches, grads):
+        cl, it = self.clients[t], iter(range(1 << 62))
+        return lambda: cl.push(batches[next(it) % len(batches)], grads, 0.01)
+
+
+class TorchRpc:
+    """Callers of a torch.distributed.rpc worker holding the same table as a torch tensor."""
+
+    def __init__(self, transport: str):
+        self.port = _free_port()
+        self.worker = subprocess.Popen([sys.executable, __file__, "--torch-worker",
+                                        str(self.port), transport])
+        self.rpc = _init_rpc(0, self.port, transport)
+
+    def pull(self, t, batches, n):
+        import torch
+        tb, it, rpc = [torch.from_numpy(b) for b in batches], iter(range(1 << 62)), self.rpc
+        return lambda: rpc.rpc_sync("ps", torch_gather, args=(tb[next(it) % len(tb)],))
+
+    def push(self, t, batches, grads):
+        import torch
+        tb, it, rpc = [torch.from_numpy(b) for b in batches], iter(range(1 << 62)), self.rpc
+        g = torch.from_numpy(grads)
+        return lambda: rpc.rpc_sync("ps", torch_apply, args=(tb[next(it) % len(tb)], g, 0.01))
+
+    def close(self):
+        self.rpc.shutdown()
+        self.worker.wait(60)
+
+
+def bench_pair(systems: dict, sizes, thread_counts, seconds: float, rounds: int) -> dict:
+    """Every case runs `rounds` times, alternating systems, so that load from other processes
+    on this shared 2-core machine hits both alike; the median round is reported."""
+    out = {}
+    for n in sizes:
+        batches = key_batches(n)
+        grads = np.random.default_rng(1).standard_normal((n, DIM)).astype(np.float32) * 1e-3
+        for th in thread_counts:
+            for kind in ("pull", "push"):
+                samples: dict[str, list[float]] = {name: [] for name in systems}
+                for _ in range(rounds):
+                    for name, sysm in systems.items():
+                        make = (lambda t, s=sysm: s.pull(t, batches, n)) if kind == "pull" else \
+                               (lambda t, s=sysm: s.push(t, batches, grads))
+                        samples[name].append(rate(make, th, seconds, n))
+                for name, vals in samples.items():
+                    out[f"{name}_{kind}_{n}_t{th}"] = float(np.median(vals))
+    return out
+
+
+def bench_memory(tmp: Path, rows: int, batch: int = 65536) -> dict:
+    from cpu_dist.sparse import Client
+    p, addr = start_ps(tmp)
+    try:
+        cl = Client([addr], TOKEN, DIM, timeout_s=300)
+        base = cl.stats()[0]["resident_bytes"]
+        rng = np.random.default_rng(2)
+        grads = rng.standard_normal((batch, DIM)).astype(np.float32)
+        # Scattered int64 keys (a permutation of a sparse id space), inserted via push.
+        t0 = time.perf_counter()
+        for start in range(0, rows, batch):
+            k = np.arange(start, min(rows, start + batch), dtype=np.int64) * 2654435761 + 17
+            h = cl.push_async(k, grads[:k.size], 0.01, "rowwise_adagrad")
+            h.wait(300)
+        insert_s = time.perf_counter() - t0
+        st = cl.stats()[0]
+        cl.shutdown()
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return {"mem_rows": st["rows"], "ps_resident_bytes": st["resident_bytes"],
+            "ps_resident_bytes_at_start": base, "ps_table_bytes": st["table_bytes"],
+            "ps_insert_rows_per_s": rows / insert_s,
+            "ps_bytes_per_row": st["resident_bytes"] / st["rows"] / (DIM * 4),
+            "ps_table_bytes_per_row": st["table_bytes"] / st["rows"] / (DIM * 4)}
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--torch-worker":
+        torch_worker_main(int(sys.argv[2]), sys.argv[3])
+        return
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=0.6, help="per case and round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
+    ap.add_argument("--mem-rows", type=int, default=10_000_000)
+    ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--torch-transport", choices=["tcp", "default"], default="tcp",
+                    help="tcp: TensorPipe over TCP loopback (uv transport, basic channel), "
+                         "like our PS; default: TensorPipe's own choice (shared memory)")
+    args = ap.parse_args()
+    sizes, thread_counts = (256, 4096), (1, 4)
+    result: dict = {"dim": DIM}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        p, addr = start_ps(tmp)
+        torch_rpc = None
+        try:
+            systems = {"ours": Ours(addr, max(thread_counts))}
+            if not args.skip_torch:
+                torch_rpc = TorchRpc(args.torch_transport)
+                systems["torch"] = torch_rpc
+                result["torch_transport"] = args.torch_transport
+            result.update(bench_pair(systems, sizes, thread_counts, args.seconds, args.rounds))
+        finally:
+            if torch_rpc is not None:
+                torch_rpc.close()
+            p.terminate()
+            p.wait(30)
+        if not args.skip_torch:
+            for kind in ("pull", "push"):
+                for n in sizes:
+                    for th in thread_counts:
+                        ours, theirs = result[f"ours_{kind}_{n}_t{th}"], result[f"torch_{kind}_{n}_t{th}"]
+                        suffix = "" if th == 1 else f"_t{th}"
+                        result[f"{kind}_ratio_{n}{suffix}"] = ours / theirs
+        if args.mem_rows > 0:
+            result.update(bench_memory(tmp, args.mem_rows))
+    for k, v in result.items():
+        if k not in ("dim", "torch_transport"):
+            print(f"{k:32s} {v:,.3f}" if isinstance(v, float) else f"{k:32s} {v:,}", file=sys.stderr)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
+
+
+if __name__ == "__main__":
+    main()
