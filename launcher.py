@@ -6,6 +6,7 @@ shards (C++, sparse rows over gRPC).  ``python launcher.py --help`` lists every 
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Sequence
 
@@ -14,6 +15,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cpu_dist.common.config import ConfigError, parse_args, validate
 
     args = parse_args(argv)
+    from cpu_dist.common.slurm import check_launch_environment
+    try:
+        check_launch_environment()  # without PMIx, OpenMPI would abort inside MPI_Init
+    except RuntimeError as exc:
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD

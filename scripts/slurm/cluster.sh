@@ -94,7 +94,8 @@ resolve_dir() {
 
 write_config() {
     local dir=$1
-    local ctld_port slurmd_port host cpus node cluster
+    local ctld_port slurmd_port host cpus node cluster user
+    user=$(id -un)
     ctld_port=$(free_port)
     slurmd_port=$(free_port)
     while [[ "${slurmd_port}" == "${ctld_port}" ]]; do slurmd_port=$(free_port); done
@@ -113,8 +114,8 @@ ClusterName=${cluster}
 SlurmctldHost=${host}(127.0.0.1)
 SlurmctldPort=${ctld_port}
 SlurmdPort=${slurmd_port}
-SlurmUser=root
-SlurmdUser=root
+SlurmUser=${user}
+SlurmdUser=${user}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=${dir}/munge/munge.socket

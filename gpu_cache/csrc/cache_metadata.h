@@ -1,0 +1,77 @@
+// CacheMetadata: which embedding rows a bounded cache holds, in which slot, and in what
+// eviction order; plus each row's previous global update step.  Row values live elsewhere (a
+// torch tensor on the cache device): this class only hands out slot numbers, so the same
+// metadata serves a GPU or a CPU cache.
+//
+// Eviction order: every resident slot carries an int64 score and the slot with the smallest
+// score goes first.  Callers that pass no scores get LRU (the score is a per-call tick);
+// prescan callers pass minus the next use step, which turns the same order into "evict the
+// row whose next use is farthest away" (Belady within the plan window).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace gpu_cache {
+
+struct QueryResult {
+  std::vector<int64_t> hit_pos;   // positions in the query whose key is resident
+  std::vector<int64_t> hit_slot;  // their slots, same order
+};
+
+struct AdmitResult {
+  // One entry per destination slot (unique): the slot and the final source position in the
+  // admitted batch.  A slot taken twice in one call (a batch larger than the cache) keeps
+  // only its last source, so a scatter over these has unique destinations.
+  std::vector<int64_t> slot;
+  std::vector<int64_t> src;
+  std::vector<int64_t> evicted;  // keys resident before the call that were dropped
+};
+
+class CacheMetadata {
+ public:
+  explicit CacheMetadata(int64_t capacity_rows);
+
+  int64_t capacity() const { return capacity_; }
+  int64_t size() const { return static_cast<int64_t>(slot_of_.size()); }
+
+  // Looks up n keys; each hit's score becomes scores[i] (or this call's tick without scores).
+  QueryResult query(const int64_t* keys, size_t n, const int64_t* scores);
+  // Slot of each key or -1; changes nothing.
+  std::vector<int64_t> lookup(const int64_t* keys, size_t n) const;
+  // Admits up to max_admit of n keys in order (already resident keys are skipped).  With
+  // score_gate a candidate is admitted only when a free slot exists or the eviction victim's
+  // score is below the candidate's (a row needed sooner is never dropped for one needed later).
+  AdmitResult admit(const int64_t* keys, size_t n, const int64_t* scores, int64_t max_admit,
+                    bool score_gate);
+  // Drops these keys (those resident); returns how many were.
+  int64_t invalidate(const int64_t* keys, size_t n);
+  void clear();
+  // Resident (key, slot) pairs, in slot order.
+  std::pair<std::vector<int64_t>, std::vector<int64_t>> resident() const;
+
+  // Previous global update step: record that step `step` updated these keys, and read back
+  // the last recorded step of each key (-1: never updated).
+  void record_updates(const int64_t* keys, size_t n, int64_t step);
+  std::vector<int64_t> previous_update(const int64_t* keys, size_t n) const;
+
+ private:
+  void remove_slot(int64_t slot);
+  void place(int64_t key, int64_t slot, int64_t score);
+
+  int64_t capacity_;
+  int64_t tick_ = 0;
+  absl::flat_hash_map<int64_t, int64_t> slot_of_;
+  std::vector<int64_t> key_of_slot_;
+  std::vector<int64_t> score_of_slot_;
+  std::set<std::pair<int64_t, int64_t>> order_;  // (score, slot), smallest evicted first
+  std::vector<int64_t> free_;                    // free slots, popped from the back
+  absl::flat_hash_map<int64_t, int64_t> last_update_;
+};
+
+}  // namespace gpu_cache
