@@ -148,28 +148,50 @@ class Ours:
 
 
 class TorchRpc:
-    """Callers of a torch.distributed.rpc worker holding the same table as a torch tensor."""
+    """A torch.distributed.rpc pair: a 'ps' worker holding the table as a torch tensor and a
+    'trainer' making the calls.  Both are subprocesses: an RPC agent living in the same
+    process as our client halves our 1 MiB pull rate (measured), which would flatter torch."""
 
     def __init__(self, transport: str):
-        self.port = _free_port()
-        self.worker = subprocess.Popen([sys.executable, __file__, "--torch-worker",
-                                        str(self.port), transport])
-        self.rpc = _init_rpc(0, self.port, transport)
+        port = _free_port()
+        self.worker = subprocess.Popen([sys.executable, __file__, "--torch-worker", str(port),
+                                        transport])
+        self.trainer = subprocess.Popen([sys.executable, __file__, "--torch-trainer", str(port),
+                                         transport], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
 
-    def pull(self, t, batches, n):
-        import torch
-        tb, it, rpc = [torch.from_numpy(b) for b in batches], iter(range(1 << 62)), self.rpc
-        return lambda: rpc.rpc_sync("ps", torch_gather, args=(tb[next(it) % len(tb)],))
-
-    def push(self, t, batches, grads):
-        import torch
-        tb, it, rpc = [torch.from_numpy(b) for b in batches], iter(range(1 << 62)), self.rpc
-        g = torch.from_numpy(grads)
-        return lambda: rpc.rpc_sync("ps", torch_apply, args=(tb[next(it) % len(tb)], g, 0.01))
+    def run(self, kind: str, n: int, threads: int, seconds: float) -> float:
+        self.trainer.stdin.write(json.dumps([kind, n, threads, seconds]) + "\n")
+        self.trainer.stdin.flush()
+        line = self.trainer.stdout.readline()
+        if not line:
+            raise SystemExit("torch rpc trainer died")
+        return float(line)
 
     def close(self):
-        self.rpc.shutdown()
+        self.trainer.stdin.close()
+        self.trainer.wait(60)
         self.worker.wait(60)
+
+
+def torch_trainer_main(port: int, transport: str) -> None:
+    import torch
+    rpc = _init_rpc(0, port, transport)
+    grads = {}
+    for line in sys.stdin:
+        kind, n, threads, seconds = json.loads(line)
+        tb = [torch.from_numpy(b) for b in key_batches(n)]
+        g = grads.setdefault(n, torch.from_numpy(
+            np.random.default_rng(1).standard_normal((n, DIM)).astype(np.float32) * 1e-3))
+
+        def make(t):
+            it = iter(range(1 << 62))
+            if kind == "pull":
+                return lambda: rpc.rpc_sync("ps", torch_gather, args=(tb[next(it) % len(tb)],))
+            return lambda: rpc.rpc_sync("ps", torch_apply, args=(tb[next(it) % len(tb)], g, 0.01))
+
+        print(rate(make, threads, seconds, n), flush=True)
+    rpc.shutdown()
 
 
 def bench_pair(systems: dict, sizes, thread_counts, seconds: float, rounds: int) -> dict:
@@ -184,8 +206,13 @@ def bench_pair(systems: dict, sizes, thread_counts, seconds: float, rounds: int)
                 samples: dict[str, list[float]] = {name: [] for name in systems}
                 for _ in range(rounds):
                     for name, sysm in systems.items():
-                        make = (lambda t, s=sysm: s.pull(t, batches, n)) if kind == "pull" else \
-                               (lambda t, s=sysm: s.push(t, batches, grads))
+                        if isinstance(sysm, TorchRpc):
+                            samples[name].append(sysm.run(kind, n, th, seconds))
+                            continue
+                        if kind == "pull":
+                            make = lambda t, s=sysm: s.pull(t, batches, n)  # noqa: E731
+                        else:
+                            make = lambda t, s=sysm: s.push(t, batches, grads)  # noqa: E731
                         samples[name].append(rate(make, th, seconds, n))
                 for name, vals in samples.items():
                     out[f"{name}_{kind}_{n}_t{th}"] = float(np.median(vals))
@@ -223,6 +250,9 @@ def bench_memory(tmp: Path, rows: int, batch: int = 65536) -> dict:
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--torch-worker":
         torch_worker_main(int(sys.argv[2]), sys.argv[3])
+        return
+    if len(sys.argv) == 4 and sys.argv[1] == "--torch-trainer":
+        torch_trainer_main(int(sys.argv[2]), sys.argv[3])
         return
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

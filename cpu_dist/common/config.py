@@ -74,6 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pipelined: the next pull waits only for the commit it reads; "
                             "barrier: every step waits for its commit before going on")
 
+    cache = p.add_argument_group("cache stage (gpu_cache)")
+    cache.add_argument("--read-mode", default="direct", choices=["direct", "bagpipe"],
+                       help="bagpipe: a bounded embedding cache on each worker in front of the PS")
+    cache.add_argument("--optimization-prescan", action="store_true",
+                       help="build access plans from the whole id trace before training "
+                            "(else workers exchange batch ids every step)")
+    cache.add_argument("--optimization-cache-capacity", type=int, default=8192,
+                       help="cache size in units of 64 rows")
+    cache.add_argument("--optimization-plan-window", type=int, default=0,
+                       help="prescan: steps ahead a row's next use is looked up (0: all)")
+
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", default=None, help="JSON lines, one per logged step")
     out.add_argument("--print-freq", type=int, default=10)
@@ -153,8 +164,29 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--print-freq and --eval-batches must be positive, --eval-every >= 0")
     if args.sparse_lr is None:
         args.sparse_lr = args.lr
+    _validate_cache(args)
     if args.init_scale is None:
         args.init_scale = 1.0 / math.sqrt(args.embedding_dim)
+
+
+def _validate_cache(args: argparse.Namespace) -> None:
+    """The cache stage reproduces the PS's SGD on cached rows: only what it can mirror."""
+    if args.read_mode != "bagpipe":
+        if args.optimization_prescan:
+            raise ConfigError("--optimization-prescan needs --read-mode bagpipe")
+        return
+    if args.optimization_cache_capacity <= 0:
+        raise ConfigError(f"--optimization-cache-capacity {args.optimization_cache_capacity}: "
+                          "must be a positive number of 64-row units")
+    if args.optimization_plan_window < 0:
+        raise ConfigError("--optimization-plan-window must be >= 0")
+    if args.sparse_optimizer != "sgd":
+        raise ConfigError(f"--read-mode bagpipe supports --sparse-optimizer sgd only, not "
+                          f"{args.sparse_optimizer}: the cache cannot mirror an adaptive optimizer's "
+                          "PS-side state")
+    # Learning rates: the cache applies the same --sparse-lr that every commit packet carries,
+    # and a PS session rejects a packet whose lr differs from the session's, so a cached row
+    # and its PS row never step with different rates.
 
 
 def parse_ps_list(spec: str) -> list[str]:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from cpu_dist.common.config import parse_ps_list
 from cpu_dist.common.mpi_context import (Roles, exchange_ps_addresses, ps_listen_host,
                                          share_job_secret, wait_all)
+from cpu_dist.sparse import PSError
 
 END_OF_JOB_TIMEOUT_S = 600.0
 
@@ -20,6 +22,16 @@ def _external_token(args: argparse.Namespace) -> str | None:
             raise RuntimeError(f"--token-file {args.token_file} is empty")
         return token
     return os.environ.get("CPU_DIST_TOKEN")
+
+
+def _name_shard_rank(message: str, roles: Roles, external: bool) -> str:
+    """Adds the world rank of the shard a failed RPC names ("shard I (ADDR): ..."), so that
+    a lost PS rank is named the way mpirun names ranks."""
+    m = re.match(r"shard (\d+) ", message)
+    if m is None or external:
+        return message
+    shard = int(m.group(1))
+    return f"PS shard {shard} = world rank {roles.worker_num + shard}: {message}"
 
 
 def run_job(args: argparse.Namespace, roles: Roles) -> int:
@@ -38,7 +50,10 @@ def run_job(args: argparse.Namespace, roles: Roles) -> int:
     if roles.is_worker:
         from cpu_dist.train.loop import train_worker
         addresses = ps_list if external else exchange_ps_addresses(roles, None, None)
-        train_worker(args, roles, token, session, addresses, stop_shards=not external)
+        try:
+            train_worker(args, roles, token, session, addresses, stop_shards=not external)
+        except PSError as exc:
+            raise PSError(_name_shard_rank(str(exc), roles, external)) from exc
     else:
         from cpu_dist.train.ps_rank import run_ps_rank
         run_ps_rank(args, roles, token, job_host, ps_list)

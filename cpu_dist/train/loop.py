@@ -58,6 +58,10 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     updater = SparseUpdater(client, comm, session, lr=args.sparse_lr,
                             optimizer=args.sparse_optimizer, aggregation=args.aggregation,
                             sync=args.sparse_sync, timeout_s=args.rpc_timeout)
+    reader = None  # --read-mode bagpipe: the cache stage reads rows instead of client.pull
+    if args.read_mode == "bagpipe":
+        from gpu_cache import make_reader
+        reader = make_reader(args, client, updater, comm, dataset)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     timer = metrics.PhaseTimer()
     log = metrics.RunLog(args.metrics_out if chief else None, args.tensorboard if chief else None)
@@ -80,11 +84,16 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
             unique = embedding.unique_keys(keys)
             dense = torch.from_numpy(batch.dense).to(dtype)
             labels = torch.from_numpy(batch.labels).to(dtype)
-        with timer("commit_wait"):
-            updater.wait_readable(step)
-        with timer("pull"):
-            rows = torch.from_numpy(client.pull(unique))
-            bytes_pulled += unique.nbytes + rows.numel() * 4
+        if reader is not None:  # the cache waits only for the commits its misses depend on
+            with timer("pull"):
+                rows = reader.read(step, unique)
+            bytes_pulled = reader.bytes_pulled
+        else:
+            with timer("commit_wait"):
+                updater.wait_readable(step)
+            with timer("pull"):
+                rows = torch.from_numpy(client.pull(unique))
+                bytes_pulled += unique.nbytes + rows.numel() * 4
         with timer("forward"):
             buckets.zero()
             logits = model(dense, keys, rows=rows)
@@ -94,6 +103,8 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
         with timer("push"):
             sparse_keys, sparse_grads = embedding.sparse_grads()
             updater.submit(step, sparse_keys, sparse_grads)
+            if reader is not None:
+                reader.on_submit(step, sparse_keys, sparse_grads)
         with timer("allreduce"):
             buckets.allreduce_mean()
         with timer("optimizer"):
@@ -111,7 +122,8 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
                       **{f"t_{k}": v for k, v in timer.totals().items()},
                       "bytes_pulled": bytes_pulled, "bytes_pushed": updater.payload_bytes,
                       "bytes_allreduced": buckets.bytes_reduced,
-                      "commit_wait_s": updater.commit_wait_s, "rows_pushed": updater.rows_sent}
+                      "commit_wait_s": updater.commit_wait_s, "rows_pushed": updater.rows_sent,
+                      **(reader.metrics() if reader is not None else {})}
             log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}", sps=f"{rate:,.0f}")
         bar.update(1)
@@ -120,6 +132,8 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     bar.close()
     with timer("commit_wait"):
         updater.finish(last_step)
+    if reader is not None:
+        reader.close()
     run_s = time.perf_counter() - run_t0
     result = _evaluate(args, model, embedding, dataset, updater, comm, steps, log, dtype)
 
@@ -132,6 +146,7 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
                    "bytes_pulled": bytes_pulled, "bytes_pushed": updater.payload_bytes,
                    "bytes_allreduced": buckets.bytes_reduced,
                    "commit_wait_s": updater.commit_wait_s, **result,
+                   **(reader.metrics() if reader is not None else {}),
                    **{f"t_{k}": v for k, v in timer.totals().items()}}
         log.write({"summary": summary})
         print(metrics.summary_table(summary), flush=True)

@@ -36,6 +36,8 @@ class SparseUpdater:
         self.aggregation, self.sync, self.timeout_s = aggregation, sync, timeout_s
         self.pending: tuple[int, Handle] | None = None
         self.committed = -1
+        # The PS session counts steps from 0; a resumed job's first step is `base`.
+        self.base = 0
         self.commit_wait_s = 0.0   # time blocked on commits (acks and application)
         self.exchange_s = 0.0      # collective mode: id exchange and gradient all-reduce
         self.payload_bytes = 0     # gradient bytes this worker sent to the PS
@@ -51,11 +53,13 @@ class SparseUpdater:
             self.exchange_s += time.perf_counter() - t0
         self.payload_bytes += keys.nbytes + grads.nbytes
         self.rows_sent += len(keys)
-        args = (self.session, step, self.rank, self.world, keys, grads, self.lr, self.optimizer)
+        args = (self.session, step - self.base, self.rank, self.world, keys, grads, self.lr,
+                self.optimizer)
         if self.sync == "barrier":
             t0 = time.perf_counter()
             self.client.commit(*args)
-            self.committed = self.client.wait_committed(self.session, step, self.timeout_s)
+            self.committed = self.base + self.client.wait_committed(
+                self.session, step - self.base, self.timeout_s)
             self.commit_wait_s += time.perf_counter() - t0
         else:
             self.pending = (step, self.client.commit_async(*args))
@@ -70,7 +74,14 @@ class SparseUpdater:
         self.comm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
         # The designated submitter of a row: a function of the key every worker computes alike.
         mine = (union % self.world) == self.rank
+        self.last_reduced = (union, summed)  # every row's full sum: the cache stage reads it
         return union[mine], summed[mine]
+
+    def start_at(self, step: int) -> None:
+        """A resumed job: ``step`` is the first step this session commits (its step 0), and
+        everything before it is already in the restored rows."""
+        assert self.pending is None and self.committed == self.base - 1
+        self.base, self.committed = step, step - 1
 
     # -- wait -------------------------------------------------------------------------
     def _wait_handle(self) -> None:
@@ -89,7 +100,8 @@ class SparseUpdater:
             return
         self._wait_handle()
         t0 = time.perf_counter()
-        self.committed = self.client.wait_committed(self.session, step - 1, self.timeout_s)
+        self.committed = self.base + self.client.wait_committed(
+            self.session, step - 1 - self.base, self.timeout_s)
         self.commit_wait_s += time.perf_counter() - t0
 
     def finish(self, last_step: int) -> None:

@@ -40,14 +40,13 @@ void CacheMetadata::remove_slot(int64_t slot) {
 }
 
 QueryResult CacheMetadata::query(const int64_t* keys, size_t n, const int64_t* scores) {
-  const int64_t tick = ++tick_;
   QueryResult r;
   for (size_t i = 0; i < n; ++i) {
     auto it = slot_of_.find(keys[i]);
     if (it == slot_of_.end()) continue;
     const int64_t slot = it->second;
     const size_t s = static_cast<size_t>(slot);
-    const int64_t score = scores ? scores[i] : tick;
+    const int64_t score = scores ? scores[i] : ++tick_;
     if (score != score_of_slot_[s]) {
       order_.erase({score_of_slot_[s], slot});
       score_of_slot_[s] = score;
@@ -70,7 +69,6 @@ std::vector<int64_t> CacheMetadata::lookup(const int64_t* keys, size_t n) const 
 
 AdmitResult CacheMetadata::admit(const int64_t* keys, size_t n, const int64_t* scores,
                                  int64_t max_admit, bool score_gate) {
-  const int64_t tick = ++tick_;
   AdmitResult r;
   absl::flat_hash_map<int64_t, int64_t> source_of_slot;  // slots filled by this call
   std::vector<int64_t> slot_order;                       // first-fill order, for stable output
@@ -78,7 +76,7 @@ AdmitResult CacheMetadata::admit(const int64_t* keys, size_t n, const int64_t* s
   for (size_t i = 0; i < n && admitted < max_admit; ++i) {
     const int64_t key = keys[i];
     if (slot_of_.contains(key)) continue;
-    const int64_t score = scores ? scores[i] : tick;
+    const int64_t score = scores ? scores[i] : ++tick_;
     int64_t slot;
     if (!free_.empty()) {
       slot = free_.back();

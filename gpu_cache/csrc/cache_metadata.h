@@ -4,7 +4,8 @@
 // metadata serves a GPU or a CPU cache.
 //
 // Eviction order: every resident slot carries an int64 score and the slot with the smallest
-// score goes first.  Callers that pass no scores get LRU (the score is a per-call tick);
+// score goes first.  Callers that pass no scores get LRU (the score is a tick counted per key, so a
+// batch behaves like its keys used one after another);
 // prescan callers pass minus the next use step, which turns the same order into "evict the
 // row whose next use is farthest away" (Belady within the plan window).
 #pragma once
@@ -40,7 +41,7 @@ class CacheMetadata {
   int64_t capacity() const { return capacity_; }
   int64_t size() const { return static_cast<int64_t>(slot_of_.size()); }
 
-  // Looks up n keys; each hit's score becomes scores[i] (or this call's tick without scores).
+  // Looks up n keys; each hit's score becomes scores[i] (or the next LRU tick).
   QueryResult query(const int64_t* keys, size_t n, const int64_t* scores);
   // Slot of each key or -1; changes nothing.
   std::vector<int64_t> lookup(const int64_t* keys, size_t n) const;

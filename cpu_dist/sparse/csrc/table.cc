@@ -79,16 +79,29 @@ void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes) const {
   std::vector<uint32_t> order, starts;
   group_by_stripe(keys, n, order, starts);
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  // Two passes per stripe: look every key up first (independent index probes overlap in the
+  // CPU), then copy rows with the next rows prefetched, so row cache misses overlap too.
+  std::vector<const float*> src(n);
+  constexpr size_t kAhead = 8;
   for (size_t s = 0; s < stripes_.size(); ++s) {
     if (starts[s] == starts[s + 1]) continue;
     const Stripe& st = stripes_[s];
     std::lock_guard<std::mutex> lock(st.mu);
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
       const uint32_t i = order[j];
-      char* dst = out + static_cast<size_t>(i) * row_bytes;
       auto it = st.index.find(keys[i]);
-      if (it != st.index.end()) {
-        std::memcpy(dst, row_ptr(st, it->second), row_bytes);
+      src[j] = it != st.index.end() ? row_ptr(st, it->second) : nullptr;
+      if (src[j] != nullptr) __builtin_prefetch(src[j]);
+    }
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      if (j + kAhead < starts[s + 1] && src[j + kAhead] != nullptr) {
+        const char* ahead = reinterpret_cast<const char*>(src[j + kAhead]);
+        for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(ahead + off);
+      }
+      const uint32_t i = order[j];
+      char* dst = out + static_cast<size_t>(i) * row_bytes;
+      if (src[j] != nullptr) {
+        std::memcpy(dst, src[j], row_bytes);
       } else {
         init_row(keys[i], fresh.data());
         std::memcpy(dst, fresh.data(), row_bytes);

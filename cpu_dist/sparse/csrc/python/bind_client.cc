@@ -55,12 +55,11 @@ Update as_update(const PsClient& c, const py::handle& keys, const py::handle& gr
 }  // namespace
 
 void bind_client(py::module_& m) {
-  static py::exception<ps::RpcError> ps_error(m, "PSError", PyExc_RuntimeError);
+  // PSError (a RuntimeError) carries "shard I (ADDR): CODE: message".
+  py::register_exception<ps::RpcError>(m, "PSError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const ps::RpcError& e) {
-      ps_error(e.what());
     } catch (const ps::WaitTimeout& e) {
       PyErr_SetString(PyExc_TimeoutError, e.what());
     }

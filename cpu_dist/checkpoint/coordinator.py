@@ -1,0 +1,107 @@
+"""Taking and restoring checkpoints inside a training job (called by every worker).
+
+Save at step t (after step t's gradients were submitted): every worker waits until step t is
+committed on every shard; worker 0 asks each shard to write its rows (the shard checks that
+its commit session is exactly at step t, so the files hold steps 0..t and nothing of t+1),
+writes the dense state, then the manifest; the other workers wait at a barrier meanwhile, so
+no update of step t+1 can reach a shard before its file is written.
+
+Restore: worker 0 picks the newest complete checkpoint, checks it (manifest, configuration,
+every file's presence and size, the dense file's checksum) before anything is loaded, then
+has every shard load the rows it owns from all shard files (re-partitioning when the shard
+count changed); every worker then loads the dense state.  Training resumes at step t+1.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from mpi4py import MPI
+
+from cpu_dist.common.mpi_context import wait_all
+
+from . import dense_state
+from .manifest import (DENSE, CheckpointError, FileEntry, Manifest, check_files, check_matches,
+                       find_latest, prune, shard_file_name, step_dir_name)
+
+# Flags a resumed job must share with the checkpoint: they decide what the saved state means.
+MUST_MATCH = ("embedding_dim", "arch_mlp_bot", "arch_mlp_top", "dtype", "dense_optimizer",
+              "sparse_optimizer", "batch_size", "data", "seed", "init_scale")
+
+
+def _config(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in sorted(vars(args).items())
+            if isinstance(v, (str, int, float, bool, type(None)))}
+
+
+class Checkpointer:
+    def __init__(self, args: argparse.Namespace, comm: MPI.Intracomm, client, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, updater, table: str) -> None:
+        self.args, self.comm, self.client = args, comm, client
+        self.model, self.optimizer, self.updater, self.table = model, optimizer, updater, table
+        self.root = Path(args.checkpoint_dir).resolve() if args.checkpoint_dir else None
+        self.chief = comm.Get_rank() == 0
+        self.every = args.checkpoint_every or 0
+        self.keep = args.checkpoint_keep
+        self.wait_s = 5 * args.rpc_timeout
+        self.saved: list[int] = []
+
+    # -- save ---------------------------------------------------------------------------
+    def after_step(self, step: int) -> None:
+        if self.root is not None and self.every > 0 and (step + 1) % self.every == 0:
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        self.updater.wait_readable(step + 1)  # step is applied on every shard
+        if self.chief:
+            self._write(step)
+        wait_all(self.comm, self.wait_s, f"checkpoint of step {step}")
+        self.saved.append(step)
+
+    def _write(self, step: int) -> Manifest:
+        assert self.root is not None
+        name = step_dir_name(step)
+        step_dir = self.root / name
+        step_dir.mkdir(parents=True, exist_ok=True)
+        n = self.client.num_shards
+        paths = [f"{name}/{shard_file_name(i, n)}" for i in range(n)]
+        results = self.client.save(paths, step, self.updater.session, step - self.updater.base)
+        shards = [FileEntry(file=Path(p).name, bytes=int(r["bytes"]), crc32=int(r["checksum"]),
+                            rows=int(r["rows"])) for p, r in zip(paths, results)]
+        dense = dense_state.save_dense(step_dir / DENSE, self.model, self.optimizer, step)
+        m = Manifest(step=step, table=self.table, dim=self.args.embedding_dim, num_shards=n,
+                     shards=shards, dense=dense, config=_config(self.args))
+        m.write(step_dir)
+        if self.keep > 0:
+            prune(self.root, self.keep)
+        return m
+
+    # -- restore ------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Returns the step to start at (0 when there is nothing to resume from)."""
+        if not self.args.resume:
+            return 0
+        info = None
+        if self.chief:
+            m = find_latest(self.root)
+            if m is None:
+                print(f"cpu_dist: --resume: no complete checkpoint in {self.root}; starting at "
+                      "step 0", file=sys.stderr, flush=True)
+            else:
+                check_matches(m, dim=self.args.embedding_dim, table=self.table,
+                              config=_config(self.args), must_match=MUST_MATCH)
+                check_files(m)
+                self.client.load([f"{m.path.name}/{e.file}" for e in m.shards],
+                                 [e.bytes for e in m.shards], [e.crc32 for e in m.shards])
+                info = (str(m.path), m.step)
+        info = self.comm.bcast(info, root=0)
+        if info is None:
+            return 0
+        path, step = info
+        dense_state.load_dense(Path(path) / DENSE, self.model, self.optimizer, step)
+        if self.chief:
+            print(f"cpu_dist: resumed from {path} (step {step}); continuing at step {step + 1}",
+                  file=sys.stderr, flush=True)
+        return step + 1

@@ -1,0 +1,167 @@
+"""The manifest of one checkpoint: what it holds, where, and checksums.  Written last (and
+atomically), so a step directory without a manifest is an unfinished checkpoint and ignored;
+one with a manifest must be whole, and every problem with it is an error that names the file."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .files import atomic_write, file_crc32
+
+FORMAT = "cpu_dist-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DENSE = "dense.pt"
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the file and the problem."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def shard_file_name(shard: int, num_shards: int) -> str:
+    return f"shard-{shard:05d}-of-{num_shards:05d}.bin"
+
+
+@dataclass
+class FileEntry:
+    file: str     # relative to the step directory
+    bytes: int
+    crc32: int    # dense: of the whole file; shard files: of the file's header, which holds
+                  # the checksum of every partition block (checked by the shard that loads it)
+    rows: int = 0
+
+
+@dataclass
+class Manifest:
+    step: int                 # the last step whose updates the checkpoint holds
+    table: str
+    dim: int
+    num_shards: int
+    shards: list[FileEntry]
+    dense: FileEntry
+    config: dict = field(default_factory=dict)
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    path: Path | None = None  # the step directory (not stored)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("path")
+        return json.dumps(d, indent=1, sort_keys=True)
+
+    def write(self, step_dir: Path) -> None:
+        atomic_write(step_dir / MANIFEST, lambda f: f.write(self.to_json().encode()))
+        self.path = step_dir
+
+    def file(self, entry: FileEntry) -> Path:
+        assert self.path is not None
+        return self.path / entry.file
+
+
+def read_manifest(step_dir: Path) -> Manifest:
+    path = step_dir / MANIFEST
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path}: missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: corrupt manifest ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: not a {FORMAT} manifest")
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path}: format version {raw.get('format_version')!r}, "
+                              f"this build reads version {FORMAT_VERSION}")
+    try:
+        m = Manifest(step=int(raw["step"]), table=str(raw["table"]), dim=int(raw["dim"]),
+                     num_shards=int(raw["num_shards"]),
+                     shards=[FileEntry(**e) for e in raw["shards"]],
+                     dense=FileEntry(**raw["dense"]), config=dict(raw.get("config", {})))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path}: corrupt manifest (bad or missing field: "
+                              f"{exc})") from None
+    if len(m.shards) != m.num_shards or m.num_shards < 1:
+        raise CheckpointError(f"checkpoint {path}: corrupt manifest ({len(m.shards)} shard "
+                              f"files for num_shards {m.num_shards})")
+    for e in [*m.shards, m.dense]:
+        if "/" in e.file or e.file.startswith("."):
+            raise CheckpointError(f"checkpoint {path}: corrupt manifest (file name {e.file!r})")
+    m.path = step_dir
+    return m
+
+
+def check_matches(m: Manifest, *, dim: int, table: str, config: dict,
+                  must_match: tuple[str, ...]) -> None:
+    """Refuses a checkpoint of another table, dimension or model configuration."""
+    where = f"checkpoint {m.path / MANIFEST}"
+    if m.table != table:
+        raise CheckpointError(f"{where}: table {m.table!r}, this job trains {table!r}")
+    if m.dim != dim:
+        raise CheckpointError(f"{where}: embedding dim {m.dim}, this job has dim {dim}")
+    for key in must_match:
+        if key in m.config and m.config[key] != config.get(key):
+            raise CheckpointError(f"{where}: --{key.replace('_', '-')} {m.config[key]!r} in the "
+                                  f"checkpoint, {config.get(key)!r} in this job")
+
+
+def check_files(m: Manifest) -> None:
+    """Every file is there with its size; the dense file's checksum matches.  (Shard files'
+    contents are checked by the shards that load them.)"""
+    for e in [*m.shards, m.dense]:
+        p = m.file(e)
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {p}: missing") from None
+        if size != e.bytes:
+            what = "truncated" if size < e.bytes else "too long"
+            raise CheckpointError(f"checkpoint {p}: {what} ({size} bytes, the manifest says "
+                                  f"{e.bytes})")
+    size, crc = file_crc32(m.file(m.dense))
+    if crc != m.dense.crc32:
+        raise CheckpointError(f"checkpoint {m.file(m.dense)}: corrupt (crc32 {crc:08x}, the "
+                              f"manifest says {m.dense.crc32:08x})")
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every step directory under root, newest first."""
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out, reverse=True)
+
+
+def find_latest(root: Path) -> Manifest | None:
+    """The newest complete checkpoint (one with a manifest); None if there is none.  A
+    manifest that exists but cannot be read is an error, not a reason to go back further."""
+    for _, d in step_dirs(root):
+        if (d / MANIFEST).exists():
+            return read_manifest(d)
+    return None
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Removes all but the newest ``keep`` complete checkpoints, and unfinished directories
+    older than the newest complete one.  Returns what it removed."""
+    removed, complete = [], 0
+    for _, d in step_dirs(root):
+        if (d / MANIFEST).exists():
+            complete += 1
+            if complete <= keep:
+                continue
+        elif complete == 0:
+            continue  # possibly being written right now
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed

@@ -1,0 +1,39 @@
+"""Keeping cached rows equal to the PS rows they mirror after each step's commit.
+
+The PS applies ``w -= lr * (sum_r g_r) / W`` once per row.  A worker can reproduce that
+exactly only where it knows the whole sum:
+
+ps aggregation          rows only this worker touched: the sum is its own gradient, so the
+                        cached copy gets ``w -= lr * g / W``; rows another worker touched are
+                        invalidated and read from the PS (after the commit) on their next use.
+collective aggregation  every worker holds the all-reduced sum of every row of the step, so
+                        every resident row of the step is updated locally.
+
+Rows the step did not touch keep their value, and eviction simply drops a row: a later miss
+reads the PS after the commit of that row's previous update step (see controller.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_cache.cache_sgd import best_effort_sgd
+from gpu_cache.plans import StepPlan
+from gpu_cache.storage import RowStorage
+
+
+def after_ps_commit(meta, storage: RowStorage, plan: StepPlan, keys: np.ndarray,
+                    grads: np.ndarray, lr: float, world: int) -> tuple[int, int]:
+    """``(rows updated locally, rows invalidated)`` for ps aggregation."""
+    if not np.array_equal(keys, plan.keys):
+        raise RuntimeError(f"step {plan.step}: gradients cover other keys than the rows read")
+    only_mine = ~plan.shared
+    updated = best_effort_sgd(meta, storage, keys[only_mine], grads[only_mine], lr, world)
+    others = plan.union if not only_mine.any() else np.setdiff1d(
+        plan.union, keys[only_mine], assume_unique=True)
+    return updated, int(meta.invalidate(others))
+
+
+def after_collective_commit(meta, storage: RowStorage, union: np.ndarray, summed: np.ndarray,
+                            lr: float, world: int) -> int:
+    """Rows updated locally for collective aggregation (``summed``: all-reduced gradients)."""
+    return best_effort_sgd(meta, storage, union, summed, lr, world)

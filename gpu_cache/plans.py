@@ -1,0 +1,148 @@
+"""Who touches which rows at each step: the per-step plans of the cache controller.
+
+A :class:`StepPlan` tells one worker, for one step, the union of all workers' unique keys
+(every row the step's commit will change), which of its own keys another worker touches too
+(those cannot be updated locally in ``ps`` aggregation) and, in prescan mode, the eviction
+score of each of its keys (minus the step of its next use, so "smallest score first" evicts
+the row needed farthest in the future).
+
+OnlinePlanner exchanges the unique keys of all workers at every step (one Allgatherv).
+PrescanPlanner reads the whole id trace before training, exchanges it once and keeps the
+plans in CPU memory; during training it checks that the ids are the ones it scanned.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+# Score of a row with no use inside the plan window: below every real "minus next use".
+FAR = np.iinfo(np.int64).min // 4
+
+
+@dataclass
+class StepPlan:
+    step: int
+    keys: np.ndarray            # this worker's sorted unique keys
+    union: np.ndarray           # sorted union over all workers
+    shared: np.ndarray          # bool per own key: another worker touches it too
+    scores: np.ndarray | None   # eviction scores of own keys (prescan), None: LRU
+
+
+def _allgather_keys(comm, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All workers' key arrays concatenated in rank order, and each worker's count."""
+    counts = np.array(comm.allgather(len(keys)), dtype=np.int64)
+    out = np.empty(int(counts.sum()), dtype=np.int64)
+    comm.Allgatherv(np.ascontiguousarray(keys, dtype=np.int64), [out, counts])
+    return out, counts
+
+
+def _union_and_shared(all_keys: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    union, counts = np.unique(all_keys, return_counts=True)
+    shared = counts[np.searchsorted(union, own)] > 1 if len(own) else np.zeros(0, dtype=bool)
+    return union, shared
+
+
+class OnlinePlanner:
+    """Exchanges this step's unique keys with every worker (no knowledge of the future)."""
+
+    prescan = False
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.exchange_s = 0.0
+        self.ids_exchanged = 0
+
+    def plan(self, step: int, keys: np.ndarray) -> StepPlan:
+        t0 = time.perf_counter()
+        if self.comm.Get_size() == 1:
+            union, shared = keys, np.zeros(len(keys), dtype=bool)
+        else:
+            all_keys, _ = _allgather_keys(self.comm, keys)
+            self.ids_exchanged += len(all_keys)
+            union, shared = _union_and_shared(all_keys, keys)
+        self.exchange_s += time.perf_counter() - t0
+        return StepPlan(step, keys, union, shared, None)
+
+    def peek(self, step: int) -> np.ndarray | None:
+        return None  # the future is unknown online
+
+    def close(self) -> None:
+        pass
+
+
+class PrescanMismatch(RuntimeError):
+    """Training asked for ids that differ from the prescanned trace."""
+
+
+class PrescanPlanner:
+    """Plans for every step, built before training from this worker's whole id trace.
+
+    ``trace`` yields this worker's sorted unique keys of steps 0, 1, ...; ``window`` bounds
+    how far ahead next uses are looked up (0: the whole trace).
+    """
+
+    prescan = True
+
+    def __init__(self, comm, trace: Iterable[np.ndarray], window: int = 0) -> None:
+        t0 = time.perf_counter()
+        own = [np.ascontiguousarray(k, dtype=np.int64) for k in trace]
+        self.steps = len(own)
+        self.window = int(window)
+        lengths = np.array([len(k) for k in own], dtype=np.int64)
+        flat = np.concatenate(own) if own else np.zeros(0, dtype=np.int64)
+        world = comm.Get_size()
+        if world > 1:  # one exchange for the whole run: every worker's trace, then its lengths
+            all_flat, _ = _allgather_keys(comm, flat)
+            all_lengths = np.asarray(comm.allgather(lengths))
+            self.ids_exchanged = len(all_flat)
+        else:
+            all_flat, all_lengths, self.ids_exchanged = flat, lengths[None, :], 0
+        starts = np.concatenate([[0], np.cumsum(all_lengths.sum(axis=1))[:-1]])
+        self.plans: list[StepPlan] = []
+        worker_offsets = np.zeros(world, dtype=np.int64)
+        scores = self._scores(own, flat, lengths)
+        for t in range(self.steps):
+            parts = []
+            for w in range(world):
+                begin = int(starts[w] + worker_offsets[w])
+                parts.append(all_flat[begin:begin + int(all_lengths[w, t])])
+                worker_offsets[w] += all_lengths[w, t]
+            union, shared = _union_and_shared(np.concatenate(parts), own[t]) if world > 1 else \
+                (own[t], np.zeros(len(own[t]), dtype=bool))
+            self.plans.append(StepPlan(t, own[t], union, shared, scores[t]))
+        self.startup_s = time.perf_counter() - t0
+
+    def _scores(self, own: list[np.ndarray], flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+        """Per step, per own key: minus the step of its next use by this worker (FAR if none
+        within the window)."""
+        steps = np.repeat(np.arange(len(own), dtype=np.int64), lengths)
+        order = np.lexsort((steps, flat))  # by key, then step
+        k_sorted, s_sorted = flat[order], steps[order]
+        nxt = np.full(len(flat), -1, dtype=np.int64)
+        same = k_sorted[1:] == k_sorted[:-1]
+        nxt_sorted = np.where(np.append(same, False), np.append(s_sorted[1:], -1), -1)
+        nxt[order] = nxt_sorted
+        score = np.where(nxt < 0, FAR, -nxt)
+        if self.window > 0:
+            score = np.where((nxt >= 0) & (nxt - steps > self.window), FAR, score)
+        return np.split(score, np.cumsum(lengths)[:-1]) if len(own) else []
+
+    def plan(self, step: int, keys: np.ndarray) -> StepPlan:
+        if step >= self.steps:
+            raise PrescanMismatch(f"prescan: step {step} is past the {self.steps} scanned steps")
+        p = self.plans[step]
+        if not np.array_equal(p.keys, keys):
+            raise PrescanMismatch(
+                f"prescan: the ids of step {step} differ from the scanned trace "
+                f"({len(keys)} unique keys now, {len(p.keys)} scanned); prescan needs the same "
+                f"id sequence during training (same data, seed, batch size and workers)")
+        return p
+
+    def peek(self, step: int) -> np.ndarray | None:
+        return self.plans[step].keys if 0 <= step < self.steps else None
+
+    def close(self) -> None:
+        self.plans.clear()

@@ -1,0 +1,71 @@
+"""Row storage of the cache: one torch tensor of ``capacity_units * 64`` rows by D, float32.
+
+The same code runs on a GPU or on the CPU: only the host-to-device staging differs (pinned
+buffers, a copy stream and an event when the device is CUDA, a plain copy otherwise).  All
+row mutations go through here, so "which rows changed" is never spread across modules.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ROWS_PER_UNIT = 64
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+class RowStorage:
+    """``rows[slot]`` is the value of the key the metadata put in ``slot``."""
+
+    def __init__(self, capacity_units: int, dim: int, device: torch.device | str | None = None) -> None:
+        if capacity_units <= 0 or dim <= 0:
+            raise ValueError(f"need capacity_units > 0 and dim > 0, got {capacity_units}, {dim}")
+        self.device = torch.device(device) if device is not None else default_device()
+        self.capacity_rows = capacity_units * ROWS_PER_UNIT
+        self.dim = dim
+        self.rows = torch.zeros((self.capacity_rows, dim), dtype=torch.float32, device=self.device)
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.rows.numel() * self.rows.element_size()
+
+    # -- transfers ----------------------------------------------------------------------
+    def to_device(self, host_rows: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Host float32 rows -> the cache device (pinned staging on its own stream on CUDA)."""
+        t = torch.as_tensor(host_rows, dtype=torch.float32)
+        if not self._cuda:
+            return t
+        staged = t.pin_memory()
+        with torch.cuda.stream(self._stream):
+            out = staged.to(self.device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(self._stream)
+        torch.cuda.current_stream(self.device).wait_event(done)
+        out.record_stream(torch.cuda.current_stream(self.device))
+        staged.record_stream(self._stream)  # the staging buffer lives until the copy ran
+        return out
+
+    @staticmethod
+    def _index(slots: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(slots, dtype=np.int64)).to(device)
+
+    # -- reads and writes -----------------------------------------------------------------
+    def gather(self, slots: np.ndarray) -> torch.Tensor:
+        return self.rows.index_select(0, self._index(slots, self.device))
+
+    def scatter(self, slots: np.ndarray, values: torch.Tensor) -> None:
+        """Write ``values[i]`` into ``slots[i]``; slots must be unique (metadata.admit's are)."""
+        if len(slots):
+            self.rows.index_copy_(0, self._index(slots, self.device), values.to(self.device))
+
+    def sgd(self, slots: np.ndarray, grads: np.ndarray | torch.Tensor, lr: float, divisor: int) -> None:
+        """``w -= lr * (g / divisor)`` for unique slots, in float32 like the PS optimizer."""
+        if not len(slots):
+            return
+        idx = self._index(slots, self.device)
+        g = self.to_device(grads) / float(divisor)
+        self.rows.index_copy_(0, idx, self.rows.index_select(0, idx) - g * lr)

@@ -1,0 +1,72 @@
+"""The cache stage changes no bit that matters: cached training (--read-mode bagpipe) equals
+uncached training and the single-process reference, online and prescan, ps and collective
+aggregation, W in {1, 2, 3}, with a cache of 2 units (128 rows) while each worker reads
+hundreds of rows per step, so rows are evicted and (ps, W > 1) invalidated every step.
+
+GPU_CACHE_VERIFY=1 makes every worker check, after the last commit, that each resident row
+equals its PS row.  No GPU here: the cache's torch code runs on the CPU device.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch import train
+from test_equivalence import assert_same_model, reference
+
+pytestmark = pytest.mark.timeout(600)
+
+CACHE = ["--read-mode", "bagpipe", "--optimization-cache-capacity", "2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache"), {"ref": reference("sgd")}
+
+
+@pytest.fixture(autouse=True)
+def verify_cache(monkeypatch):
+    monkeypatch.setenv("GPU_CACHE_VERIFY", "1")
+
+
+def _cached(tmp, name, workers, aggregation, prescan):
+    metrics = tmp / f"{name}.jsonl"
+    extra = [*CACHE, "--aggregation", aggregation, "--metrics-out", str(metrics)]
+    if prescan:
+        extra.append("--optimization-prescan")
+    got = train(tmp, name, workers, 1, extra)
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    return got, [x for x in lines if "cache_lookups" in x and "summary" not in x], \
+        next(x["summary"] for x in lines if "summary" in x)
+
+
+@pytest.mark.parametrize("aggregation", ["ps", "collective"])
+@pytest.mark.parametrize("prescan", [False, True], ids=["online", "prescan"])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_cached_equals_reference(runs, workers, aggregation, prescan):
+    tmp, cache = runs
+    name = f"w{workers}-{aggregation}-{'prescan' if prescan else 'online'}"
+    got, steps, summary = _cached(tmp, name, workers, aggregation, prescan)
+    assert_same_model(got, cache["ref"], rtol=1e-5)
+    cache[(workers, aggregation, prescan)] = got
+    # The cache was under pressure in every logged window of 5 steps, and still hit.
+    prev = {"cache_evictions": 0, "cache_invalidations": 0}
+    for rec in steps:
+        assert rec["cache_evictions"] > prev["cache_evictions"], rec
+        if aggregation == "ps" and workers > 1:
+            assert rec["cache_invalidations"] > prev["cache_invalidations"], rec
+        prev = rec
+    assert summary["cache_hits"] > 0 and summary["cache_resident_bytes"] == 2 * 64 * 8 * 4
+    if prescan:
+        assert summary["prescan_startup_s"] > 0 and "prescan_shutdown_s" in summary
+
+
+@pytest.mark.parametrize("aggregation", ["ps", "collective"])
+def test_cached_equals_uncached(runs, aggregation):
+    tmp, cache = runs
+    plain = train(tmp, f"plain-{aggregation}", 2, 1, ["--aggregation", aggregation])
+    for prescan in (False, True):
+        got = cache.get((2, aggregation, prescan)) or _cached(
+            tmp, f"again-{aggregation}-{prescan}", 2, aggregation, prescan)[0]
+        assert_same_model(got, plain, rtol=1e-5)
