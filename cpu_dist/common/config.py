@@ -85,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--optimization-plan-window", type=int, default=0,
                        help="prescan: steps ahead a row's next use is looked up (0: all)")
 
+    ckpt = p.add_argument_group("checkpoints")
+    ckpt.add_argument("--checkpoint-dir", default=None,
+                      help="where checkpoints go (step-NNNNNNNN/ with a manifest, written last)")
+    ckpt.add_argument("--checkpoint-every", type=int, default=0,
+                      help="checkpoint after every N-th step (0: never)")
+    ckpt.add_argument("--checkpoint-keep", type=int, default=2,
+                      help="complete checkpoints kept (0: all)")
+    ckpt.add_argument("--resume", action="store_true",
+                      help="start from the newest complete checkpoint in --checkpoint-dir")
+
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", default=None, help="JSON lines, one per logged step")
     out.add_argument("--print-freq", type=int, default=10)
@@ -164,6 +174,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--print-freq and --eval-batches must be positive, --eval-every >= 0")
     if args.sparse_lr is None:
         args.sparse_lr = args.lr
+    _validate_checkpoints(args)
     _validate_cache(args)
     if args.init_scale is None:
         args.init_scale = 1.0 / math.sqrt(args.embedding_dim)
@@ -187,6 +198,16 @@ def _validate_cache(args: argparse.Namespace) -> None:
     # Learning rates: the cache applies the same --sparse-lr that every commit packet carries,
     # and a PS session rejects a packet whose lr differs from the session's, so a cached row
     # and its PS row never step with different rates.
+
+
+def _validate_checkpoints(args: argparse.Namespace) -> None:
+    if args.checkpoint_every < 0 or args.checkpoint_keep < 0:
+        raise ConfigError("--checkpoint-every and --checkpoint-keep must be >= 0")
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
+    if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and \
+            not os.path.isdir(args.checkpoint_dir):
+        raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir}: not a directory")
 
 
 def parse_ps_list(spec: str) -> list[str]:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from cpu_dist.checkpoint.coordinator import Checkpointer
 from cpu_dist.common.config import mlp_widths
 from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.data import make_dataset, train_batches, eval_batches
@@ -58,6 +59,9 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     updater = SparseUpdater(client, comm, session, lr=args.sparse_lr,
                             optimizer=args.sparse_optimizer, aggregation=args.aggregation,
                             sync=args.sparse_sync, timeout_s=args.rpc_timeout)
+    checkpointer = Checkpointer(args, comm, client, model, optimizer, updater, TABLE)
+    start = checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
+    updater.start_at(start)
     reader = None  # --read-mode bagpipe: the cache stage reads rows instead of client.pull
     if args.read_mode == "bagpipe":
         from gpu_cache import make_reader
@@ -67,13 +71,13 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     log = metrics.RunLog(args.metrics_out if chief else None, args.tensorboard if chief else None)
     bar = metrics.progress(args.max_step, enabled=chief and not args.no_progress)
     bytes_pulled = 0
-    last_step = -1
+    last_step = start - 1
     window_t0, window_samples = time.perf_counter(), 0
     run_t0 = time.perf_counter()
 
-    batches = train_batches(dataset, args.batch_size)
+    batches = train_batches(dataset, args.batch_size, start)
     steps = args.max_step
-    for step in range(args.max_step):
+    for step in range(start, args.max_step):
         with timer("data"):
             item = next(batches, None)
             if item is None:  # a finite file ran out; every worker reads the same file
@@ -111,6 +115,7 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
             optimizer.step()
         last_step = step
         window_samples += args.batch_size
+        checkpointer.after_step(step)  # --checkpoint-every: at this committed step boundary
 
         if (step + 1) % args.print_freq == 0 or step + 1 == steps:
             loss_sum = np.array([loss.item()], dtype=np.float64)

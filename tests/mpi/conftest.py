@@ -6,8 +6,11 @@ collective with it are killed by mpirun at once and the run exits non-zero.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -7,41 +7,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
-from cpu_dist.common.mpi_context import (exchange_ps_addresses, share_job_secret, split_roles,
-                                         wait_all)
-from cpu_dist.sparse import Client, Server, row_init
+from cluster import end_job, start_job
+from cpu_dist.common.mpi_context import wait_all
+from cpu_dist.sparse import Client, row_init
 
 pytestmark = [pytest.mark.mpi(min_size=3), pytest.mark.timeout(120)]
 DIM, SEED, SCALE, LR = 16, 7, 0.1, 0.05
 
 
-def _job():
-    world = MPI.COMM_WORLD
-    workers = world.Get_size() - (2 if world.Get_size() >= 4 else 1)
-    roles = split_roles(workers, world)
-    token, session = share_job_secret(roles)
-    return roles, token, session
-
-
-def _serve(roles, token):
-    server = Server(DIM, token, init_scale=SCALE, seed=SEED, shard_index=roles.role_rank,
-                    num_shards=roles.num_ps_ranks)
-    port = server.start()
-    exchange_ps_addresses(roles, f"127.0.0.1:{port}", None)
-    return server
-
-
 def test_concurrent_push_pull_matches_numpy():
-    roles, token, _ = _job()
-    if not roles.is_worker:
-        server = _serve(roles, token)
-        while not server.wait(0.5):
-            pass
-        wait_all(roles.world, 60, "test end")
+    job = start_job(DIM, SEED, SCALE)
+    if job is None:
         return
-    addresses = exchange_ps_addresses(roles, None, None)
+    roles, token, _, addresses = job
     client = Client(addresses, token, DIM, max_keys_per_rpc=7)
     w, W = roles.role_rank, roles.role_size
     # Every worker pushes to a shared key range (overlapping) and to keys of its own, several
@@ -76,21 +55,14 @@ def test_concurrent_push_pull_matches_numpy():
     np.testing.assert_array_equal(client.pull(untouched), row_init(SEED, untouched, DIM, SCALE))
     stats = client.stats()
     assert sum(s["rows"] for s in stats) == len(shared) + 25 * W
-    wait_all(roles.comm, 60, "checks done")
-    if w == 0:
-        client.shutdown()
-    wait_all(roles.world, 60, "test end")
+    end_job(roles, client)
 
 
 def test_commit_protocol_sums_every_worker_once():
-    roles, token, session = _job()
-    if not roles.is_worker:
-        server = _serve(roles, token)
-        while not server.wait(0.5):
-            pass
-        wait_all(roles.world, 60, "test end")
+    job = start_job(DIM, SEED, SCALE)
+    if job is None:
         return
-    addresses = exchange_ps_addresses(roles, None, None)
+    roles, token, session, addresses = job
     client = Client(addresses, token, DIM, max_keys_per_rpc=5)
     w, W = roles.role_rank, roles.role_size
     keys = np.arange(50, dtype=np.int64)
@@ -124,7 +96,4 @@ def test_commit_protocol_sums_every_worker_once():
         expect[touched] -= (step_size * g)[touched, None]
     np.testing.assert_allclose(client.pull(keys), expect, rtol=1e-5)
     client.close_session(session, w)
-    wait_all(roles.comm, 60, "checks done")
-    if w == 0:
-        client.shutdown()
-    wait_all(roles.world, 60, "test end")
+    end_job(roles, client)
