@@ -15,6 +15,8 @@ from gpu_cache.storage import RowStorage
 def sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique keys and the per-key sum of their gradient rows (float32)."""
     keys = np.asarray(keys, dtype=np.int64)
+    if len(keys) < 2 or bool((keys[1:] > keys[:-1]).all()):  # already sorted unique (common)
+        return keys, np.ascontiguousarray(grads, dtype=np.float32)
     uniq, inverse = np.unique(keys, return_inverse=True)
     if len(uniq) == len(keys):
         order = np.argsort(keys, kind="stable")

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+from cpu_dist.train.metrics import PhaseTimer
 from gpu_cache import coherence
 from gpu_cache._metadata import BagPipeCacheMetadata
 from gpu_cache.storage import RowStorage
@@ -52,15 +53,18 @@ class CachedRowReader:
         self.bytes_pulled = 0
         self.commit_wait_s = 0.0
         self.shutdown_s = 0.0
+        self.timer = PhaseTimer()  # where the stage's own time goes (cache_t_* metrics)
 
     # -- read path ---------------------------------------------------------------------
     def read(self, step: int, keys: np.ndarray) -> torch.Tensor:
         """Rows of ``keys`` (sorted unique int64), float32 on the CPU, equal to the PS rows
         after every commit before ``step``."""
-        plan = self.planner.plan(step, keys)
+        with self.timer("plan"):
+            plan = self.planner.plan(step, keys)
         self._plan = plan
         n = len(keys)
-        hit_pos, hit_slot = self.meta.query(keys, plan.scores)
+        with self.timer("query"):
+            hit_pos, hit_slot = self.meta.query(keys, plan.scores)
         miss = np.ones(n, dtype=bool)
         miss[hit_pos] = False
         miss_pos = np.flatnonzero(miss)
@@ -69,6 +73,10 @@ class CachedRowReader:
         self.stats["hits"] += len(hit_pos)
         pulled = self._read_misses(step, miss_keys)
         self.meta.record_updates(plan.union, step)  # step's commit will change these rows
+        with self.timer("fill"):
+            return self._assemble(n, hit_pos, hit_slot, miss_pos, miss_keys, pulled, plan)
+
+    def _assemble(self, n, hit_pos, hit_slot, miss_pos, miss_keys, pulled, plan) -> torch.Tensor:
         if len(hit_pos) == 0:  # low-hit bypass: nothing to gather, the PS rows are the output
             self.stats["bypassed_reads"] += 1
             out = torch.from_numpy(pulled)
@@ -86,7 +94,8 @@ class CachedRowReader:
             pstep, pkeys, fut = self._prefetch
             self._prefetch = None
             if pstep == step and len(pkeys):
-                prow = fut.result()
+                with self.timer("prefetch_wait"):
+                    prow = fut.result()
                 idx = np.searchsorted(pkeys, miss_keys).clip(max=len(pkeys) - 1)
                 found = pkeys[idx] == miss_keys
                 rows[found] = prow[idx[found]]
@@ -99,11 +108,13 @@ class CachedRowReader:
             t0 = time.perf_counter()
             self.updater.wait_readable(dep + 1)
             self.commit_wait_s += time.perf_counter() - t0
+            self.timer.add("dependency_wait", time.perf_counter() - t0)
             self.stats["dependency_waits"] += 1
         elif step > 0 and self.updater.committed < step - 1:
             self.stats["skipped_dependency_waits"] += 1
         if len(demand):
-            rows[need] = self.client.pull(demand)
+            with self.timer("demand_pull"):
+                rows[need] = self.client.pull(demand)
             self.stats["demand_ids"] += len(demand)
             self.bytes_pulled += demand.nbytes + len(demand) * self.dim * 4
         return rows
@@ -122,6 +133,12 @@ class CachedRowReader:
         plan = self._plan
         if plan is None or plan.step != step:
             raise RuntimeError(f"on_submit({step}) without read({step})")
+        with self.timer("coherence"):
+            self._coherence(step, plan, keys, grads)
+        with self.timer("prefetch_issue"):
+            self._start_prefetch(step + 1)
+
+    def _coherence(self, step, plan, keys, grads) -> None:
         if self.aggregation == "collective":
             union, summed = self.updater.last_reduced
             self.stats["local_updates"] += coherence.after_collective_commit(
@@ -131,7 +148,6 @@ class CachedRowReader:
                 self.meta, self.storage, plan, keys, grads, self.lr, self.world)
             self.stats["local_updates"] += updated
             self.stats["invalidations"] += dropped
-        self._start_prefetch(step + 1)
 
     def _start_prefetch(self, step: int) -> None:
         nxt = self.planner.peek(step) if self._pool is not None else None
@@ -173,6 +189,7 @@ class CachedRowReader:
         s["cache_commit_wait_s"] = self.commit_wait_s
         s["gradient_payload_bytes"] = self.updater.payload_bytes
         s["id_exchange_s"] = getattr(self.planner, "exchange_s", 0.0)
+        s.update({f"t_{k}": v for k, v in self.timer.totals().items()})
         if self.planner.prescan:
             s["prescan_startup_s"] = self.planner.startup_s
             s["prescan_shutdown_s"] = self.shutdown_s

@@ -150,7 +150,10 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
                    "samples_per_s": steps * args.batch_size / max(run_s, 1e-9),
                    "bytes_pulled": bytes_pulled, "bytes_pushed": updater.payload_bytes,
                    "bytes_allreduced": buckets.bytes_reduced,
-                   "commit_wait_s": updater.commit_wait_s, **result,
+                   "commit_wait_s": updater.commit_wait_s,
+                   "sparse_exchange_s": updater.exchange_s,
+                   "exposed_sparse_s": timer.totals().get("pull", 0.0) + updater.commit_wait_s
+                   + updater.exchange_s, **result,
                    **(reader.metrics() if reader is not None else {}),
                    **{f"t_{k}": v for k, v in timer.totals().items()}}
         log.write({"summary": summary})
