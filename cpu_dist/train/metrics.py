@@ -117,7 +117,10 @@ class TensorBoardWriter:
     def __init__(self, logdir: str | os.PathLike) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
-        except Exception:  # noqa: BLE001 - any import problem means "not available"
+        except Exception as exc:  # noqa: BLE001 - any import problem means "not available"
+            import sys
+            print(f"cpu_dist: --tensorboard {os.fspath(logdir)}: TensorBoard is not available "
+                  f"({exc}); writing JSON lines only", file=sys.stderr, flush=True)
             self._writer = None
         else:
             self._writer = SummaryWriter(os.fspath(logdir))
