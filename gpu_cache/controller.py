@@ -24,17 +24,13 @@ from gpu_cache.storage import RowStorage
 def admit_misses(meta, keys: np.ndarray, scores: np.ndarray | None, max_admit: int):
     """The admission policy of both modes: ``(slots, source positions in keys, evicted)``.
 
-    Online (no scores): LRU, the first ``max_admit`` misses.  Prescan: soonest next use
+    Online (no scores): sequential LRU of at most ``max_admit`` misses.  Prescan: soonest next use
     first, and a row needed later never displaces one needed sooner (Belady in the window).
     """
     if not len(keys):
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
-    if scores is None:
-        return meta.admit(keys, None, max_admit, False)
-    order = np.argsort(-scores, kind="stable")
-    slots, src, evicted = meta.admit(keys[order], scores[order], max_admit, True)
-    return slots, order[src], evicted
+    return meta.admit(keys, scores, max_admit, scores is not None)
 
 
 class CachedRowReader:

@@ -67,5 +67,5 @@ class RowStorage:
         if not len(slots):
             return
         idx = self._index(slots, self.device)
-        g = self.to_device(grads) / float(divisor)
-        self.rows.index_copy_(0, idx, self.rows.index_select(0, idx) - g * lr)
+        step = (self.to_device(grads) / float(divisor)).mul_(lr)  # a fresh tensor: in place is safe
+        self.rows.index_copy_(0, idx, self.rows.index_select(0, idx).sub_(step))

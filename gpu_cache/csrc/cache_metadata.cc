@@ -1,6 +1,7 @@
 #include "cache_metadata.h"
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -18,7 +19,6 @@ CacheMetadata::CacheMetadata(int64_t capacity_rows) : capacity_(capacity_rows) {
 
 void CacheMetadata::clear() {
   slot_of_.clear();
-  order_.clear();
   free_.clear();
   free_.reserve(static_cast<size_t>(capacity_));
   for (int64_t s = capacity_ - 1; s >= 0; --s) free_.push_back(s);  // slot 0 handed out first
@@ -29,12 +29,10 @@ void CacheMetadata::place(int64_t key, int64_t slot, int64_t score) {
   slot_of_[key] = slot;
   key_of_slot_[static_cast<size_t>(slot)] = key;
   score_of_slot_[static_cast<size_t>(slot)] = score;
-  order_.emplace(score, slot);
 }
 
 void CacheMetadata::remove_slot(int64_t slot) {
   const size_t s = static_cast<size_t>(slot);
-  order_.erase({score_of_slot_[s], slot});
   slot_of_.erase(key_of_slot_[s]);
   key_of_slot_[s] = -1;
 }
@@ -45,13 +43,7 @@ QueryResult CacheMetadata::query(const int64_t* keys, size_t n, const int64_t* s
     auto it = slot_of_.find(keys[i]);
     if (it == slot_of_.end()) continue;
     const int64_t slot = it->second;
-    const size_t s = static_cast<size_t>(slot);
-    const int64_t score = scores ? scores[i] : ++tick_;
-    if (score != score_of_slot_[s]) {
-      order_.erase({score_of_slot_[s], slot});
-      score_of_slot_[s] = score;
-      order_.emplace(score, slot);
-    }
+    score_of_slot_[static_cast<size_t>(slot)] = scores ? scores[i] : ++tick_;
     r.hit_pos.push_back(static_cast<int64_t>(i));
     r.hit_slot.push_back(slot);
   }
@@ -67,37 +59,61 @@ std::vector<int64_t> CacheMetadata::lookup(const int64_t* keys, size_t n) const 
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> CacheMetadata::victims(size_t k) const {
+  std::vector<std::pair<int64_t, int64_t>> all;
+  all.reserve(slot_of_.size());
+  for (const auto& [key, slot] : slot_of_) all.emplace_back(score_of_slot_[static_cast<size_t>(slot)], slot);
+  k = std::min(k, all.size());
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.end());
+  all.resize(k);
+  return all;
+}
+
 AdmitResult CacheMetadata::admit(const int64_t* keys, size_t n, const int64_t* scores,
                                  int64_t max_admit, bool score_gate) {
+  // Candidates: first occurrence of each non-resident key, in the order they will be tried.
+  std::vector<int64_t> cand;
+  {
+    absl::flat_hash_map<int64_t, bool> seen;
+    for (size_t i = 0; i < n; ++i)
+      if (!slot_of_.contains(keys[i]) && seen.try_emplace(keys[i], true).second)
+        cand.push_back(static_cast<int64_t>(i));
+  }
+  if (score_gate && scores)
+    std::stable_sort(cand.begin(), cand.end(),
+                     [scores](int64_t a, int64_t b) { return scores[a] > scores[b]; });
+  if (max_admit < 0) max_admit = 0;
+  if (static_cast<int64_t>(cand.size()) > max_admit) cand.resize(static_cast<size_t>(max_admit));
+  // Sequential LRU over more keys than slots: only the last `capacity` survive the call;
+  // gated admission stops at the capacity anyway (later candidates score no better).
+  if (static_cast<int64_t>(cand.size()) > capacity_) {
+    if (score_gate) cand.resize(static_cast<size_t>(capacity_));
+    else cand.erase(cand.begin(), cand.end() - capacity_);
+  }
+  const size_t n_free = free_.size();
+  const size_t n_evict = cand.size() > n_free ? cand.size() - n_free : 0;
+  const auto vict = victims(n_evict);
   AdmitResult r;
-  absl::flat_hash_map<int64_t, int64_t> source_of_slot;  // slots filled by this call
-  std::vector<int64_t> slot_order;                       // first-fill order, for stable output
-  int64_t admitted = 0;
-  for (size_t i = 0; i < n && admitted < max_admit; ++i) {
-    const int64_t key = keys[i];
-    if (slot_of_.contains(key)) continue;
-    const int64_t score = scores ? scores[i] : ++tick_;
+  size_t next_victim = 0;
+  for (int64_t pos : cand) {
+    const int64_t score = scores ? scores[pos] : ++tick_;
     int64_t slot;
     if (!free_.empty()) {
       slot = free_.back();
       free_.pop_back();
     } else {
-      const auto victim = *order_.begin();
-      if (score_gate && victim.first >= score) continue;  // the resident row is needed sooner
-      slot = victim.second;
-      const int64_t old_key = key_of_slot_[static_cast<size_t>(slot)];
-      if (!source_of_slot.contains(slot)) r.evicted.push_back(old_key);
+      if (next_victim == vict.size()) break;
+      const auto& v = vict[next_victim];
+      if (score_gate && v.first >= score) break;  // every later candidate scores no better
+      ++next_victim;
+      slot = v.second;
+      r.evicted.push_back(key_of_slot_[static_cast<size_t>(slot)]);
       remove_slot(slot);
     }
-    place(key, slot, score);
-    auto [it, inserted] = source_of_slot.try_emplace(slot, static_cast<int64_t>(i));
-    if (inserted) slot_order.push_back(slot);
-    else it->second = static_cast<int64_t>(i);
-    ++admitted;
+    place(keys[pos], slot, score);
+    r.slot.push_back(slot);
+    r.src.push_back(pos);
   }
-  r.slot = std::move(slot_order);
-  r.src.reserve(r.slot.size());
-  for (int64_t s : r.slot) r.src.push_back(source_of_slot.at(s));
   return r;
 }
 

@@ -4,7 +4,8 @@
 // metadata serves a GPU or a CPU cache.
 //
 // Eviction order: every resident slot carries an int64 score and the slot with the smallest
-// score goes first.  Callers that pass no scores get LRU (the score is a tick counted per key, so a
+// score goes first (ties: the lower slot).  Scores are plain per-slot numbers, so a hit costs
+// O(1); victims are chosen once per admission call by a partial selection over the slots.  Callers that pass no scores get LRU (the score is a tick counted per key, so a
 // batch behaves like its keys used one after another);
 // prescan callers pass minus the next use step, which turns the same order into "evict the
 // row whose next use is farthest away" (Belady within the plan window).
@@ -12,7 +13,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -45,9 +45,11 @@ class CacheMetadata {
   QueryResult query(const int64_t* keys, size_t n, const int64_t* scores);
   // Slot of each key or -1; changes nothing.
   std::vector<int64_t> lookup(const int64_t* keys, size_t n) const;
-  // Admits up to max_admit of n keys in order (already resident keys are skipped).  With
-  // score_gate a candidate is admitted only when a free slot exists or the eviction victim's
-  // score is below the candidate's (a row needed sooner is never dropped for one needed later).
+  // Admits up to max_admit of n keys (resident and repeated keys are skipped).  Without a
+  // gate this is sequential LRU: when more keys come than the cache holds, later keys displace
+  // earlier ones of the same call and each slot reports only its last source.  With
+  // score_gate the candidates go best score first and one is admitted only into a free slot or
+  // over a victim whose score is lower (a row needed sooner never makes way for a later one).
   AdmitResult admit(const int64_t* keys, size_t n, const int64_t* scores, int64_t max_admit,
                     bool score_gate);
   // Drops these keys (those resident); returns how many were.
@@ -64,13 +66,14 @@ class CacheMetadata {
  private:
   void remove_slot(int64_t slot);
   void place(int64_t key, int64_t slot, int64_t score);
+  // The k resident slots with the smallest (score, slot), ascending.
+  std::vector<std::pair<int64_t, int64_t>> victims(size_t k) const;
 
   int64_t capacity_;
   int64_t tick_ = 0;
   absl::flat_hash_map<int64_t, int64_t> slot_of_;
   std::vector<int64_t> key_of_slot_;
   std::vector<int64_t> score_of_slot_;
-  std::set<std::pair<int64_t, int64_t>> order_;  // (score, slot), smallest evicted first
   std::vector<int64_t> free_;                    // free slots, popped from the back
   absl::flat_hash_map<int64_t, int64_t> last_update_;
 };

@@ -70,3 +70,12 @@ def test_cached_equals_uncached(runs, aggregation):
         got = cache.get((2, aggregation, prescan)) or _cached(
             tmp, f"again-{aggregation}-{prescan}", 2, aggregation, prescan)[0]
         assert_same_model(got, plain, rtol=1e-5)
+
+
+def test_seed_example_line_trains(runs):
+    """The seed design's example flags, verbatim, on the small model (8192 units: no eviction)."""
+    tmp, cache = runs
+    got = train(tmp, "seed-line", 2, 1, ["--ps-type", "RDMA", "--read-mode", "bagpipe",
+                                         "--optimization-prescan", "--optimization-cache-capacity",
+                                         "8192", "--bagpipe-aggregation", "ps"])
+    assert_same_model(got, cache["ref"], rtol=1e-5)
