@@ -57,6 +57,13 @@ const char* code_name(grpc::StatusCode c) {
   }
 }
 
+// Row-count arguments index with uint32_t (positions, slot ids): refuse what would wrap.
+void check_count(size_t n) {
+  if (n > UINT32_MAX)
+    throw std::invalid_argument(absl::StrCat(n, " keys in one call: at most ", UINT32_MAX,
+                                             " are supported"));
+}
+
 std::chrono::system_clock::time_point deadline_in(double s) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(
@@ -128,6 +135,14 @@ PsClient::PsClient(ClientOptions opts) : opts_(std::move(opts)) {
   if (opts_.channels_per_shard == 0)
     throw std::invalid_argument("channels_per_shard must be >= 1");
   if (!(opts_.timeout_s > 0)) throw std::invalid_argument("timeout_s must be > 0");
+  // One RPC of max_keys_per_rpc keys (a push/commit request, or a pull reply) must fit in
+  // max_message_bytes, with room for the small header fields.
+  const uint64_t per_key = sizeof(int64_t) + static_cast<uint64_t>(opts_.dim) * sizeof(float);
+  const uint64_t rpc_bytes = static_cast<uint64_t>(opts_.max_keys_per_rpc) * per_key + 1024;
+  if (rpc_bytes > static_cast<uint64_t>(std::max(opts_.max_message_bytes, 0)))
+    throw std::invalid_argument(absl::StrCat(
+        "max_keys_per_rpc ", opts_.max_keys_per_rpc, " at dim ", opts_.dim, " needs RPCs of ",
+        rpc_bytes, " bytes, more than max_message_bytes ", opts_.max_message_bytes));
   tune_malloc_once();
   for (const std::string& addr : opts_.addresses) {
     Shard s;
@@ -148,10 +163,15 @@ PsClient::PsClient(ClientOptions opts) : opts_(std::move(opts)) {
   async_thread_ = std::thread([this] { async_loop(); });
 }
 
-PsClient::~PsClient() {
+PsClient::~PsClient() { close(); }
+
+void PsClient::close() {
+  std::lock_guard<std::mutex> serial(close_mu_);
   {
     // In-flight async operations end by their deadlines at the latest.
     std::unique_lock<std::mutex> lock(pending_mu_);
+    if (closed_) return;
+    closed_ = true;  // run_async refuses from here on, so pending_ only shrinks
     pending_cv_.wait(lock, [this] { return pending_.empty(); });
   }
   async_cq_.Shutdown();
@@ -179,6 +199,10 @@ size_t PsClient::parts_for(size_t m) const {
 }
 
 void PsClient::run(Calls& calls, double timeout_s) {
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (closed_) throw std::runtime_error("client is closed");
+  }
   grpc::CompletionQueue cq;
   const auto deadline = deadline_in(timeout_s);
   for (auto& c : calls) {
@@ -207,9 +231,10 @@ void PsClient::run(Calls& calls, double timeout_s) {
 std::shared_ptr<AsyncOp> PsClient::run_async(Calls calls) {
   auto op = std::make_shared<AsyncOp>(std::move(calls),
                                       [this](const Call& c) { return describe(c); });
-  if (op->calls().empty()) return op;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
+    if (closed_) throw std::runtime_error("client is closed");
+    if (op->calls().empty()) return op;
     pending_.emplace(op.get(), op);
   }
   const auto deadline = deadline_in(opts_.timeout_s);
@@ -250,6 +275,7 @@ void PsClient::raise_if_failed(AsyncOp& op) {
 // ---- pull -------------------------------------------------------------------------------
 
 void PsClient::pull(const int64_t* keys, size_t n, float* out) {
+  check_count(n);
   if (n == 0) return;
   const uint32_t dim = opts_.dim;
   const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
@@ -327,6 +353,7 @@ void PsClient::pull(const int64_t* keys, size_t n, float* out) {
 
 Calls PsClient::build_push(const int64_t* keys, const float* grads, size_t n, float lr,
                            OptimizerKind opt) {
+  check_count(n);
   const uint32_t dim = opts_.dim;
   const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
   // Merge duplicates here (in order) so that splitting never applies a key twice.
@@ -383,6 +410,7 @@ std::shared_ptr<AsyncOp> PsClient::push_async(const int64_t* keys, const float* 
 Calls PsClient::build_commit(uint64_t session, int64_t step, uint32_t rank,
                              uint32_t world_size, const int64_t* keys, const float* grads,
                              size_t n, float lr, OptimizerKind opt) {
+  check_count(n);
   const uint32_t dim = opts_.dim;
   const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
   const uint32_t ns = num_shards();
@@ -456,25 +484,38 @@ int64_t PsClient::wait_committed(uint64_t session, int64_t step, double timeout_
   req.set_token(opts_.token);
   req.set_session(session);
   req.set_step(step);
-  Calls calls = one_per_shard(kWait, req);
-  std::vector<WaitCommittedResponse> replies(calls.size());
-  for (size_t i = 0; i < calls.size(); ++i) calls[i]->on_reply = parse_into(&replies[i]);
-  try {
-    run(calls, timeout_s);
-  } catch (const RpcError&) {
-    for (auto& c : calls)
-      if (c->status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
-        throw WaitTimeout(absl::StrCat("session ", session, " step ", step,
-                                       " not committed within ", timeout_s, " s (", describe(*c),
-                                       ")"));
-    throw;
+  using SteadyClock = std::chrono::steady_clock;
+  const auto end = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                            std::chrono::duration<double>(timeout_s));
+  // A shard answers a long poll after ten minutes at most: poll again while time is left.
+  for (;;) {
+    const double left =
+        std::max(0.0, std::chrono::duration<double>(end - SteadyClock::now()).count());
+    Calls calls = one_per_shard(kWait, req);
+    std::vector<WaitCommittedResponse> replies(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) calls[i]->on_reply = parse_into(&replies[i]);
+    try {
+      run(calls, left);
+    } catch (const RpcError&) {
+      const Call* timed_out = nullptr;
+      for (auto& c : calls) {
+        if (c->status.ok()) continue;
+        if (c->status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
+          throw RpcError(describe(*c));  // e.g. the session was closed: it never commits
+        if (timed_out == nullptr) timed_out = c.get();
+      }
+      throw WaitTimeout(absl::StrCat("session ", session, " step ", step,
+                                     " not committed within ", timeout_s, " s (",
+                                     describe(*timed_out), ")"));
+    }
+    int64_t lo = INT64_MAX;
+    for (const auto& r : replies) lo = std::min(lo, r.committed_step());
+    if (lo >= step) return lo;
+    if (end - SteadyClock::now() < std::chrono::seconds(1))
+      throw WaitTimeout(absl::StrCat("session ", session, " step ", step,
+                                     " not committed within ", timeout_s,
+                                     " s (committed step: ", lo, ")"));
   }
-  int64_t lo = INT64_MAX;
-  for (const auto& r : replies) lo = std::min(lo, r.committed_step());
-  if (lo < step)
-    throw WaitTimeout(absl::StrCat("session ", session, " step ", step, " not committed within ",
-                                   timeout_s, " s (committed step: ", lo, ")"));
-  return lo;
 }
 
 int64_t PsClient::committed_step(uint64_t session) {

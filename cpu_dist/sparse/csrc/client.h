@@ -92,7 +92,10 @@ class AsyncOp {
 class PsClient {
  public:
   explicit PsClient(ClientOptions opts);
-  ~PsClient();
+  ~PsClient();  // close()
+  // Waits for in-flight async operations (they end by their deadlines at the latest) and
+  // stops the completion thread.  Idempotent; later calls throw std::runtime_error.
+  void close();
   PsClient(const PsClient&) = delete;
   PsClient& operator=(const PsClient&) = delete;
 
@@ -155,6 +158,8 @@ class PsClient {
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
   std::unordered_map<AsyncOp*, std::shared_ptr<AsyncOp>> pending_;
+  bool closed_ = false;  // under pending_mu_
+  std::mutex close_mu_;  // serialises close()
 };
 
 }  // namespace cpu_dist::ps

@@ -1,6 +1,7 @@
 #include "commit.h"
 
 #include <cstring>
+#include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "merge.h"
@@ -10,6 +11,19 @@ namespace cpu_dist::ps {
 namespace {
 constexpr size_t kMaxClosedRemembered = 4096;
 
+grpc::Status closed_status(uint64_t session, int64_t committed) {
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat("session ", session, " is closed (committed step ", committed,
+                                   ")"));
+}
+
+// A chunk for a closed session: a retry of a committed step is acknowledged, nothing else.
+grpc::Status closed_reply(uint64_t session, int64_t step, int64_t final_step, int64_t* committed) {
+  if (step > final_step) return closed_status(session, final_step);
+  *committed = final_step;
+  return grpc::Status::OK;
+}
+
 bool same_chunk(const CommitChunk& a, const CommitChunk& b) {
   return a.chunk_count == b.chunk_count &&
          std::memcmp(&a.lr, &b.lr, sizeof(float)) == 0 && a.optimizer == b.optimizer &&
@@ -17,19 +31,31 @@ bool same_chunk(const CommitChunk& a, const CommitChunk& b) {
 }
 }  // namespace
 
-std::shared_ptr<CommitSessions::Session> CommitSessions::find_or_create(uint64_t session,
-                                                                         uint32_t world_size) {
+grpc::Status CommitSessions::find_or_create(uint64_t session, uint32_t world_size,
+                                            std::shared_ptr<Session>* out, int64_t* closed_at) {
   std::lock_guard<std::mutex> lock(mu_);
+  out->reset();
   auto it = sessions_.find(session);
-  if (it != sessions_.end()) return it->second;
-  // A session id used again after it was dropped starts afresh.
-  closed_.erase(session);
+  if (it != sessions_.end()) {
+    *out = it->second;
+    return grpc::Status::OK;
+  }
+  // A late chunk must not bring a dropped session back (at committed -1).
+  auto ct = closed_.find(session);
+  if (ct != closed_.end()) {
+    *closed_at = ct->second;
+    return grpc::Status::OK;
+  }
+  if (sessions_.size() >= kMaxLiveSessions)
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("too many live sessions (", sessions_.size(),
+                                     "); close finished sessions first"));
   auto s = std::make_shared<Session>();
   s->world_size = world_size;
-  s->ranks.resize(world_size);
   s->closed.assign(world_size, false);
   sessions_.emplace(session, s);
-  return s;
+  *out = std::move(s);
+  return grpc::Status::OK;
 }
 
 grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_applied) {
@@ -38,11 +64,17 @@ grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t*
   *rows_applied = 0;
   if (c.world_size == 0)
     return Status(StatusCode::INVALID_ARGUMENT, "world_size must be >= 1, got 0");
+  if (c.world_size > kMaxWorldSize)
+    return Status(StatusCode::INVALID_ARGUMENT, absl::StrCat("world_size ", c.world_size,
+                                                             " exceeds ", kMaxWorldSize));
   if (c.rank >= c.world_size)
     return Status(StatusCode::INVALID_ARGUMENT,
                   absl::StrCat("rank ", c.rank, " out of range for world_size ", c.world_size));
   if (c.chunk_count == 0)
     return Status(StatusCode::INVALID_ARGUMENT, "chunk_count must be >= 1, got 0");
+  if (c.chunk_count > kMaxChunkCount)
+    return Status(StatusCode::INVALID_ARGUMENT, absl::StrCat("chunk_count ", c.chunk_count,
+                                                             " exceeds ", kMaxChunkCount));
   if (c.chunk_index >= c.chunk_count)
     return Status(StatusCode::INVALID_ARGUMENT,
                   absl::StrCat("chunk_index ", c.chunk_index, " out of range for chunk_count ",
@@ -50,14 +82,22 @@ grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t*
   if (c.step < 0)
     return Status(StatusCode::INVALID_ARGUMENT, absl::StrCat("step must be >= 0, got ", c.step));
 
-  std::shared_ptr<Session> sp = find_or_create(c.session, c.world_size);
-  Session& s = *sp;
   const uint64_t session = c.session;
+  const int64_t step = c.step;
+  std::shared_ptr<Session> sp;
+  int64_t closed_at = -1;
+  Status found = find_or_create(session, c.world_size, &sp, &closed_at);
+  if (!found.ok()) return found;
+  if (sp == nullptr) return closed_reply(session, step, closed_at, committed);
+  Session& s = *sp;
   int64_t now_committed;
   bool applied = false;
+  Status failure;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     const int64_t cur = s.committed.load();
+    if (s.dropped) return closed_reply(session, step, cur, committed);  // close() won the race
+    if (!s.failed.ok()) return s.failed;
     if (c.world_size != s.world_size)
       return Status(StatusCode::INVALID_ARGUMENT,
                     absl::StrCat("world_size ", c.world_size, " does not match session ", session,
@@ -70,14 +110,17 @@ grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t*
       return Status(StatusCode::FAILED_PRECONDITION,
                     absl::StrCat("out-of-order step ", c.step, " for session ", session,
                                  ": committed step is ", cur, ", expected ", cur + 1));
-    RankSlot& slot = s.ranks[c.rank];
-    if (slot.chunk_count != 0 && slot.chunk_count != c.chunk_count)
+    auto rit = s.ranks.find(c.rank);
+    RankSlot* slot = rit != s.ranks.end() ? &rit->second : nullptr;
+    if (slot != nullptr && slot->chunk_count != c.chunk_count)
       return Status(StatusCode::INVALID_ARGUMENT,
                     absl::StrCat("chunk_count ", c.chunk_count, " differs from chunk_count ",
-                                 slot.chunk_count, " of session ", session, " step ", c.step,
+                                 slot->chunk_count, " of session ", session, " step ", c.step,
                                  " rank ", c.rank));
-    if (slot.chunk_count != 0 && slot.chunks[c.chunk_index].has_value()) {
-      if (!same_chunk(*slot.chunks[c.chunk_index], c))
+    auto cit = slot != nullptr ? slot->chunks.find(c.chunk_index)
+                               : std::map<uint32_t, CommitChunk>::iterator{};
+    if (slot != nullptr && cit != slot->chunks.end()) {
+      if (!same_chunk(cit->second, c))
         return Status(StatusCode::ABORTED,
                       absl::StrCat("conflicting retry of session ", session, " step ", c.step,
                                    " rank ", c.rank, " chunk ", c.chunk_index));
@@ -97,22 +140,38 @@ grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t*
       s.lr = c.lr;
       s.optimizer = c.optimizer;
     }
-    if (slot.chunk_count == 0) {
-      slot.chunk_count = c.chunk_count;
-      slot.chunks.assign(c.chunk_count, std::nullopt);
+    if (slot == nullptr) {
+      slot = &s.ranks[c.rank];
+      slot->chunk_count = c.chunk_count;
     }
     const uint32_t idx = c.chunk_index;
-    slot.chunks[idx] = std::move(c);
-    ++slot.received;
-    bool complete = true;
-    for (const RankSlot& r : s.ranks)
-      if (r.chunk_count == 0 || r.received != r.chunk_count) complete = false;
-    if (complete) {
-      *rows_applied = apply_pending(s);
-      s.committed.store(cur + 1);
-      applied = true;
+    slot->chunks.emplace(idx, std::move(c));
+    if (slot->chunks.size() == slot->chunk_count) ++s.complete_ranks;
+    if (s.complete_ranks == s.world_size) {
+      // table.apply is all or nothing, so a throw means the step left no trace.
+      try {
+        *rows_applied = apply_pending(s);
+        s.committed.store(cur + 1);
+        applied = true;
+      } catch (const TableFull& e) {
+        failure = Status(StatusCode::RESOURCE_EXHAUSTED,
+                         absl::StrCat("session ", session, " step ", step,
+                                      " was not applied and the session failed: ", e.what()));
+      } catch (const std::exception& e) {
+        failure = Status(StatusCode::INTERNAL,
+                         absl::StrCat("session ", session, " step ", step,
+                                      " was not applied and the session failed: ", e.what()));
+      }
+      if (!failure.ok()) {
+        s.failed = failure;
+        s.ranks.clear();  // nothing will ever apply them
+      }
     }
     now_committed = s.committed.load();
+  }
+  if (!failure.ok()) {
+    fail_waiters(session, failure);
+    return failure;
   }
   *committed = now_committed;
   if (applied) notify(session, now_committed);
@@ -122,12 +181,13 @@ grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t*
 size_t CommitSessions::apply_pending(Session& s) {
   const uint32_t dim = table_.dim();
   RowAccumulator acc(dim);
-  for (RankSlot& r : s.ranks)
-    for (auto& ch : r.chunks)
-      acc.add(ch->keys.data(), ch->grads.data(), ch->keys.size() / sizeof(int64_t));
+  for (auto& [rank, r] : s.ranks)  // rank order, then chunk order
+    for (auto& [index, ch] : r.chunks)
+      acc.add(ch.keys.data(), ch.grads.data(), ch.keys.size() / sizeof(int64_t));
   acc.divide(static_cast<float>(s.world_size));
   table_.apply(acc.keys().data(), acc.sums().data(), acc.size(), s.lr, s.optimizer);
-  for (RankSlot& r : s.ranks) r = RankSlot{};
+  s.ranks.clear();
+  s.complete_ranks = 0;
   s.has_pending = false;
   return acc.size();
 }
@@ -145,7 +205,43 @@ void CommitSessions::notify(uint64_t session, int64_t committed) {
       }
     }
   }
-  for (auto& f : ready) f(committed);
+  for (auto& f : ready) f(committed, grpc::Status::OK);
+}
+
+void CommitSessions::fail_waiters(uint64_t session, const grpc::Status& status) {
+  std::vector<WaitCallback> ready;
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->second.session == session) {
+        ready.push_back(std::move(it->second.done));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  const int64_t c = committed(session);
+  for (auto& f : ready) f(c, status);
+}
+
+grpc::Status CommitSessions::state(uint64_t session, int64_t* committed_out) const {
+  std::shared_ptr<Session> sp;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) {
+      auto ct = closed_.find(session);
+      *committed_out = ct != closed_.end() ? ct->second : -1;
+      return ct != closed_.end() ? closed_status(session, ct->second) : grpc::Status::OK;
+    }
+    sp = it->second;
+  }
+  std::lock_guard<std::mutex> slock(sp->mu);
+  *committed_out = sp->committed.load();
+  if (!sp->failed.ok()) return sp->failed;
+  if (sp->dropped) return closed_status(session, *committed_out);
+  return grpc::Status::OK;
 }
 
 int64_t CommitSessions::committed(uint64_t session) const {
@@ -159,16 +255,19 @@ int64_t CommitSessions::committed(uint64_t session) const {
 uint64_t CommitSessions::wait(uint64_t session, int64_t step, Clock::time_point deadline,
                               WaitCallback done) {
   int64_t cur;
+  grpc::Status st;
   {
+    // Checked and registered under waiters_mu_: a close or failure after the check finds
+    // this waiter in fail_waiters.
     std::lock_guard<std::mutex> lock(waiters_mu_);
-    cur = committed(session);
-    if (cur < step) {
+    st = state(session, &cur);
+    if (cur < step && st.ok()) {
       const uint64_t id = next_waiter_++;
       waiters_.emplace(id, Waiter{session, step, deadline, std::move(done)});
       return id;
     }
   }
-  done(cur);
+  done(cur, cur >= step ? grpc::Status::OK : st);
   return 0;
 }
 
@@ -190,38 +289,41 @@ void CommitSessions::expire_waiters(Clock::time_point now, bool all) {
       }
     }
   }
-  for (auto& [session, f] : ready) f(committed(session));
+  for (auto& [session, f] : ready) f(committed(session), grpc::Status::OK);
 }
 
 grpc::Status CommitSessions::close(uint64_t session, uint32_t rank, int64_t* committed_out) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(session);
-  if (it == sessions_.end()) {
-    auto ct = closed_.find(session);
-    if (ct != closed_.end()) {  // closing twice is harmless
-      *committed_out = ct->second;
+  int64_t cur;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) {
+      auto ct = closed_.find(session);
+      // Closing twice is harmless; so is closing a session that never committed here (a job
+      // with zero steps, or a shard none of its chunks reached).
+      *committed_out = ct != closed_.end() ? ct->second : -1;
       return grpc::Status::OK;
     }
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("unknown session ", session));
-  }
-  std::shared_ptr<Session> keep = it->second;  // outlives the lock below
-  Session& s = *keep;
-  std::lock_guard<std::mutex> slock(s.mu);
-  if (rank >= s.world_size)
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("rank ", rank, " out of range for session ", session,
-                                     " world_size ", s.world_size));
-  s.closed[rank] = true;
-  bool all_closed = true;
-  for (bool b : s.closed) all_closed = all_closed && b;
-  const int64_t cur = s.committed.load();
-  *committed_out = cur;
-  if (all_closed || !s.has_pending) {
+    std::shared_ptr<Session> keep = it->second;  // outlives the lock below
+    Session& s = *keep;
+    std::lock_guard<std::mutex> slock(s.mu);
+    if (rank >= s.world_size)
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("rank ", rank, " out of range for session ", session,
+                                       " world_size ", s.world_size));
+    s.closed[rank] = true;
+    bool all_closed = true;
+    for (bool b : s.closed) all_closed = all_closed && b;
+    cur = s.committed.load();
+    *committed_out = cur;
+    if (!all_closed && s.has_pending && s.failed.ok()) return grpc::Status::OK;
+    s.dropped = true;  // a commit() holding a reference now refuses its chunk
     if (closed_.size() >= kMaxClosedRemembered) closed_.erase(closed_.begin());
     closed_[session] = cur;
     sessions_.erase(it);
   }
+  // Outside mu_: long polls of the dropped session would otherwise wait out their deadline.
+  fail_waiters(session, closed_status(session, cur));
   return grpc::Status::OK;
 }
 

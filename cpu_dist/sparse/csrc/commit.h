@@ -40,13 +40,22 @@ struct CommitChunk {
 class CommitSessions {
  public:
   using Clock = std::chrono::steady_clock;
-  // Called once per waiter with the session's committed step (outside every lock).
-  using WaitCallback = std::function<void(int64_t committed)>;
+  // Called once per waiter with the session's committed step (outside every lock), and a
+  // non-OK status when the step can never commit (session closed, or failed to apply).
+  using WaitCallback = std::function<void(int64_t committed, const grpc::Status& status)>;
+
+  // Wire values are capped before anything is allocated for them.
+  static constexpr uint32_t kMaxWorldSize = 1u << 16;
+  static constexpr uint32_t kMaxChunkCount = 1u << 20;
+  static constexpr size_t kMaxLiveSessions = 1024;
 
   explicit CommitSessions(ShardTable& table) : table_(table) {}
 
   // Acknowledges (and possibly applies) one chunk; on success *committed is the session's
-  // committed step after this call.  Takes the chunk's payload by move.
+  // committed step after this call.  Takes the chunk's payload by move.  A closed session is
+  // never re-created: its chunks are refused (FAILED_PRECONDITION) unless they retry a step
+  // that was committed.  A step that fails to apply is applied not at all, and fails the
+  // session: this and every later chunk and waiter get that error.
   grpc::Status commit(CommitChunk&& chunk, int64_t* committed, size_t* rows_applied);
 
   // Current committed step of a session (-1 if it never committed or is unknown).
@@ -61,16 +70,17 @@ class CommitSessions {
   void expire_waiters(Clock::time_point now, bool all = false);
 
   // Marks `rank` closed; the session is dropped when all ranks closed, or when any closed
-  // and nothing is pending.  Returns the committed step.
+  // and nothing is pending (or it failed); its waiters then get FAILED_PRECONDITION.
+  // Returns the committed step (-1 for a session this shard never saw).
   grpc::Status close(uint64_t session, uint32_t rank, int64_t* committed);
 
   size_t live_sessions() const;
 
  private:
+  // Sparse (maps, not vectors sized from the wire): memory follows what actually arrived.
   struct RankSlot {
-    uint32_t chunk_count = 0;  // 0: nothing received yet for the pending step
-    uint32_t received = 0;
-    std::vector<std::optional<CommitChunk>> chunks;
+    uint32_t chunk_count = 0;
+    std::map<uint32_t, CommitChunk> chunks;  // by chunk_index
   };
   struct Session {
     std::mutex mu;
@@ -80,8 +90,11 @@ class CommitSessions {
     bool has_pending = false;
     float lr = 0.0f;
     OptimizerKind optimizer = OptimizerKind::kSgd;
-    std::vector<RankSlot> ranks;
+    std::map<uint32_t, RankSlot> ranks;  // ranks heard from for the pending step
+    uint32_t complete_ranks = 0;         // of those, with every chunk in
     std::vector<bool> closed;
+    bool dropped = false;  // set by close() under mu: commits must not land here any more
+    grpc::Status failed;   // non-OK once a step failed to apply: the session is dead
   };
   struct Waiter {
     uint64_t session;
@@ -90,9 +103,15 @@ class CommitSessions {
     WaitCallback done;
   };
 
-  std::shared_ptr<Session> find_or_create(uint64_t session, uint32_t world_size);
+  // *out is null (and *closed_at its final step) when the session was closed and dropped.
+  grpc::Status find_or_create(uint64_t session, uint32_t world_size,
+                              std::shared_ptr<Session>* out, int64_t* closed_at);
+  // Committed step, and non-OK when the session is closed or failed.
+  grpc::Status state(uint64_t session, int64_t* committed) const;
   size_t apply_pending(Session& s);  // caller holds s.mu; every chunk is present
   void notify(uint64_t session, int64_t committed);
+  // Finishes every waiter of `session` with `status`.
+  void fail_waiters(uint64_t session, const grpc::Status& status);
 
   ShardTable& table_;
   mutable std::mutex mu_;  // sessions_ and closed_

@@ -84,6 +84,8 @@ void PsServer::begin_stop(double drain_timeout_s) {
 
 bool PsServer::wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
+  // Nothing could ever stop a server that never started: waiting on it would hang.
+  if (!started_) throw std::runtime_error("server not started: call start() before wait()");
   if (timeout_s < 0) {
     cv_.wait(lock, [this] { return stopped_; });
   } else {

@@ -23,7 +23,8 @@ class PsServer {
 
   // Binds and starts serving; returns the bound port.  Throws std::runtime_error.
   int start();
-  // True once the server has stopped (waits up to timeout_s; < 0 waits forever).
+  // True once the server has stopped (waits up to timeout_s; < 0 waits forever).  Throws
+  // std::runtime_error before start().
   bool wait(double timeout_s);
   // Drains in-flight calls (cancelling what is left after drain_timeout_s) and stops.
   void stop(double drain_timeout_s);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "merge.h"
@@ -48,7 +49,8 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   // Registers the waiter; may finish the call at once.  The reactor is referenced by
   // start() and by gRPC (until OnDone), so it outlives whichever ends last.
   void start(uint64_t session, int64_t step, CommitSessions::Clock::time_point deadline) {
-    const uint64_t id = sessions_.wait(session, step, deadline, [this](int64_t c) { answer(c); });
+    const uint64_t id = sessions_.wait(session, step, deadline,
+                                       [this](int64_t c, const Status& st) { answer(c, st); });
     id_.store(id);
     unref();
   }
@@ -63,7 +65,11 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   void unref() {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
-  void answer(int64_t committed) {
+  void answer(int64_t committed, const Status& st) {
+    if (!st.ok()) {  // the session was closed or failed: the step will never commit
+      Finish(st);
+      return;
+    }
     WaitCommittedResponse r;
     r.set_committed_step(committed);
     wire::serialize(r, resp_);
@@ -81,7 +87,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 PsService::PsService(const ServerOptions& opts, std::function<void()> on_shutdown)
     : opts_(opts),
       on_shutdown_(std::move(on_shutdown)),
-      table_(opts.dim, opts.seed, opts.init_scale, opts.stripes),
+      table_(opts.dim, opts.seed, opts.init_scale, opts.stripes, opts.max_blocks_per_stripe),
       sessions_(table_) {}
 
 // ---- validation ---------------------------------------------------------------------
@@ -160,8 +166,15 @@ Status PsService::do_pull(const BB& req, BB* resp) {
     return Status::OK;
   }
   // PullResponse by hand: field 1 header, then the rows gathered straight into the buffer.
+  // Refused before allocating when gRPC would refuse to send it anyway.
   const size_t payload = n * opts_.dim * sizeof(float);
-  uint8_t* p = wire::alloc_buffer(wire::bytes_field_size(payload), resp);
+  const size_t reply_bytes = wire::bytes_field_size(payload);
+  if (reply_bytes > static_cast<size_t>(opts_.max_message_bytes))
+    return Status(StatusCode::RESOURCE_EXHAUSTED,
+                  absl::StrCat("Pull reply of ", reply_bytes, " bytes (", n, " keys x dim ",
+                               opts_.dim, " x 4) exceeds max_message_bytes ",
+                               opts_.max_message_bytes));
+  uint8_t* p = wire::alloc_buffer(reply_bytes, resp);
   p = wire::put_bytes_header(1, payload, p);
   table_.gather(reinterpret_cast<const int64_t*>(r.keys().data()), n, p);
   return Status::OK;
@@ -180,7 +193,13 @@ Status PsService::do_push(const BB& req, BB* resp) {
   RowAccumulator acc(opts_.dim);
   acc.reserve(n);
   acc.add(r.keys().data(), r.grads().data(), n);
-  table_.apply(acc.keys().data(), acc.sums().data(), acc.size(), r.lr(), kind);
+  try {  // all or nothing (table.h); a full stripe is the caller's problem, not a crash
+    table_.apply(acc.keys().data(), acc.sums().data(), acc.size(), r.lr(), kind);
+  } catch (const TableFull& e) {
+    return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory applying the push");
+  }
   counters_.push_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.push_keys.fetch_add(n, std::memory_order_relaxed);
   PushResponse out;

@@ -27,6 +27,7 @@ struct ServerOptions {
   uint32_t num_shards = 1;
   int max_message_bytes = 64 << 20;
   uint32_t stripes = 16;
+  uint32_t max_blocks_per_stripe = 65536;  // capacity cap (table.h); at most 65536
 };
 
 struct Counters {

@@ -5,6 +5,7 @@
 #include <new>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "hashing.h"
 
 namespace cpu_dist::ps {
@@ -14,8 +15,13 @@ namespace {
 constexpr uint64_t kStripeSalt = 0x2545F4914F6CDD1DULL;
 }  // namespace
 
-ShardTable::ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes)
-    : dim_(dim), seed_(seed), init_scale_(init_scale), stripes_(std::max(1u, num_stripes)) {}
+ShardTable::ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes,
+                       uint32_t max_blocks_per_stripe)
+    : dim_(dim),
+      seed_(seed),
+      init_scale_(init_scale),
+      max_blocks_(std::clamp<uint32_t>(max_blocks_per_stripe, 1u, 65536u)),
+      stripes_(std::max(1u, num_stripes)) {}
 
 uint32_t ShardTable::stripe_of(int64_t key) const {
   return static_cast<uint32_t>((mix64(static_cast<uint64_t>(key) ^ kStripeSalt) >> 32) %
@@ -43,18 +49,22 @@ void ShardTable::init_row(int64_t key, float* out) const {
 
 uint32_t ShardTable::insert_row(Stripe& s, int64_t key) {
   if (s.blocks.empty() || s.used_in_last == block_rows(s.blocks.size() - 1)) {
+    if (s.blocks.size() >= max_blocks_)  // the slot's block index would wrap
+      throw TableFull(absl::StrCat("table stripe full: ", s.index.size(), " rows in ",
+                                   s.blocks.size(), " blocks (the most a stripe holds)"));
     const size_t rows = block_rows(s.blocks.size());
     // malloc, not value-initialising new: untouched tails must not become resident.
-    auto* p = static_cast<float*>(std::malloc(rows * (dim_ + 1) * sizeof(float)));
-    if (p == nullptr) throw std::bad_alloc();
-    s.blocks.emplace_back(p);
+    Block b(static_cast<float*>(std::malloc(rows * (dim_ + 1) * sizeof(float))));
+    if (b == nullptr) throw std::bad_alloc();
+    s.blocks.push_back(std::move(b));  // owned before push_back can throw: no leak
     s.used_in_last = 0;
   }
   const uint32_t slot =
-      (static_cast<uint32_t>(s.blocks.size() - 1) << 16) | s.used_in_last++;
+      (static_cast<uint32_t>(s.blocks.size() - 1) << 16) | s.used_in_last;
+  s.index.emplace(key, slot);  // may throw: then the slot stays free
+  ++s.used_in_last;
   init_row(key, row_ptr(s, slot));
   *state_ptr(s, slot) = 0.0f;
-  s.index.emplace(key, slot);
   return slot;
 }
 
@@ -114,17 +124,26 @@ void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float 
                        OptimizerKind opt) {
   std::vector<uint32_t> order, starts;
   group_by_stripe(keys, n, order, starts);
+  // Pass 1 (may throw): find or insert every row.  Slots never move, so they stay valid.
+  std::vector<uint32_t> slots(n);
   for (size_t s = 0; s < stripes_.size(); ++s) {
     if (starts[s] == starts[s + 1]) continue;
     Stripe& st = stripes_[s];
     std::lock_guard<std::mutex> lock(st.mu);
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
-      const uint32_t i = order[j];
-      auto it = st.index.find(keys[i]);
-      const uint32_t slot = it != st.index.end() ? it->second : insert_row(st, keys[i]);
-      apply_row(opt, lr, grads + static_cast<size_t>(i) * dim_, row_ptr(st, slot),
-                state_ptr(st, slot), dim_);
+      const int64_t key = keys[order[j]];
+      auto it = st.index.find(key);
+      slots[j] = it != st.index.end() ? it->second : insert_row(st, key);
     }
+  }
+  // Pass 2 (cannot throw): update.
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    Stripe& st = stripes_[s];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j)
+      apply_row(opt, lr, grads + static_cast<size_t>(order[j]) * dim_, row_ptr(st, slots[j]),
+                state_ptr(st, slots[j]), dim_);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -24,9 +25,17 @@ struct TableDump {
   std::vector<float> state;     // keys.size()
 };
 
+// A stripe has no room for another block (slots keep 16 bits of block index).
+class TableFull : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class ShardTable {
  public:
-  ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes = 16);
+  // max_blocks_per_stripe caps each stripe's row storage (clamped to 1..65536).
+  ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes = 16,
+             uint32_t max_blocks_per_stripe = 65536);
   ShardTable(const ShardTable&) = delete;
   ShardTable& operator=(const ShardTable&) = delete;
 
@@ -39,6 +48,9 @@ class ShardTable {
 
   // Applies one gradient row per key.  Keys must be unique (callers merge duplicates
   // first).  Absent rows are inserted with their first-touch values before the update.
+  // All or nothing: every missing row is inserted before any row is updated, so a throw
+  // (TableFull, std::bad_alloc) leaves every value as it was (only first-touch rows added,
+  // which read the same as absent ones).
   void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
 
   // Every row, sorted by key, with its accumulator.
@@ -73,7 +85,8 @@ class ShardTable {
   uint32_t stripe_of(int64_t key) const;
   float* row_ptr(const Stripe& s, uint32_t slot) const;
   float* state_ptr(const Stripe& s, uint32_t slot) const;
-  uint32_t insert_row(Stripe& s, int64_t key);  // caller holds s.mu; key is absent
+  // Caller holds s.mu; key is absent.  Throws TableFull or std::bad_alloc.
+  uint32_t insert_row(Stripe& s, int64_t key);
   // order[] gets the indices 0..n-1 grouped by stripe; starts[s]..starts[s+1] is stripe s.
   void group_by_stripe(const int64_t* keys, size_t n, std::vector<uint32_t>& order,
                        std::vector<uint32_t>& starts) const;
@@ -81,6 +94,7 @@ class ShardTable {
   const uint32_t dim_;
   const uint64_t seed_;
   const float init_scale_;
+  const uint32_t max_blocks_;
   std::vector<Stripe> stripes_;
 };
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <algorithm>
 #include <initializer_list>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,11 @@ inline uint8_t* put_bytes_header(uint32_t field, size_t len, uint8_t* p) {
 // the slice struct itself, which is copied below, so writes through the pointer would be lost.
 inline uint8_t* alloc_buffer(size_t n, grpc::ByteBuffer* out) {
   grpc_slice s = grpc_slice_malloc_large(n);
-  uint8_t* p = GRPC_SLICE_START_PTR(s);
+  // Not GRPC_SLICE_START_PTR: its inlined branch points into the local `s` (the compiler
+  // rightly warns); a malloc_large slice is always refcounted, with the bytes on the heap.
   grpc::Slice slice(s, grpc::Slice::STEAL_REF);
+  if (s.refcount == nullptr) throw std::bad_alloc();  // cannot happen; never write into `s`
+  uint8_t* p = s.data.refcounted.bytes;
   grpc::ByteBuffer bb(&slice, 1);
   out->Swap(&bb);
   return p;

@@ -173,8 +173,14 @@ def test_close_session_drops_it(cluster_factory):
     cl.commit(8, 0, 0, 2, k, g, 0.1)
     cl.commit(8, 0, 1, 2, k, g, 0.1)
     cl.close_session(8, 0)  # nothing pending: dropped
-    # A new session with the same id starts afresh (committed -1 -> step 0 accepted again).
-    cl.commit(8, 0, 0, 1, k, g, 0.1)
+    # A late chunk never re-creates it: a retry of the committed step is acknowledged...
+    cl.commit(8, 0, 1, 2, k, g, 0.1)
     assert cl.wait_committed(8, 0, 5.0) == 0
+    # ...anything newer is refused, and nothing is applied.
+    before = cl.dump()
+    with pytest.raises(PSError, match="FAILED_PRECONDITION: session 8 is closed"):
+        cl.commit(8, 1, 0, 2, k, g, 0.1)
+    assert all(np.array_equal(x, y) for x, y in zip(before, cl.dump()))
+    assert cl.committed_step(8) == 0
     cl.close_session(8, 0)
-    cl.close_session(8, 0)  # twice is harmless
+    cl.close_session(8, 1)  # twice is harmless

@@ -90,8 +90,15 @@ def cases(pb):
         ("Dump", pb.DumpRequest(token=TOKEN, table="x"), NF, "unknown table 'x'"),
         ("Shutdown", pb.ShutdownRequest(token="bad"), UA, "wrong token"),
         ("WaitCommitted", pb.WaitCommittedRequest(token="bad"), UA, "wrong token"),
-        ("CloseSession", pb.CloseSessionRequest(token=TOKEN, session=99), NF,
-         "unknown session 99"),
+        ("Commit", C(**{**commit, "world_size": (1 << 16) + 1}), IA,
+         "world_size 65537 exceeds 65536"),
+        ("Commit", C(**{**commit, "world_size": 0xFFFFFFFF, "rank": 0xFFFFFFFE}), IA,
+         "world_size 4294967295 exceeds 65536"),
+        ("Commit", C(**{**commit, "chunk_count": (1 << 20) + 1}), IA,
+         "chunk_count 1048577 exceeds 1048576"),
+        ("Commit", C(**{**commit, "chunk_count": 0xFFFFFFFF, "chunk_index": 0xFFFFFFFE}), IA,
+         "chunk_count 4294967295 exceeds 1048576"),
+        ("CloseSession", pb.CloseSessionRequest(token="bad", session=99), UA, "wrong token"),
     ]
 
 

@@ -30,13 +30,13 @@ struct Handle {
   std::shared_ptr<AsyncOp> op;
 
   void wait(std::optional<double> timeout_s) {
+    const double t = to_timeout(timeout_s);
     bool done;
     {
       py::gil_scoped_release release;
-      done = op->wait(timeout_s ? *timeout_s : -1.0);
+      done = op->wait(t);
     }
-    if (!done)
-      throw ps::WaitTimeout("operation not finished within " + std::to_string(*timeout_s) + " s");
+    if (!done) throw ps::WaitTimeout("operation not finished within " + std::to_string(t) + " s");
     PsClient::raise_if_failed(*op);
   }
 };
@@ -70,7 +70,8 @@ void bind_client(py::module_& m) {
            "Wait until done; raises PSError on failure, TimeoutError on timeout.")
       .def("done", [](Handle& h) { return h.op->done(); });
 
-  py::class_<PsClient>(m, "Client", "Client of a set of parameter-server shards.")
+  using ClientHolder = std::unique_ptr<PsClient, GilFreeDelete<PsClient>>;
+  py::class_<PsClient, ClientHolder>(m, "Client", "Client of a set of parameter-server shards.")
       .def(py::init([](std::vector<std::string> addresses, std::string token, uint32_t dim,
                        std::string table, uint32_t max_keys_per_rpc, uint32_t channels_per_shard,
                        double timeout_s, int64_t max_message_bytes) {
@@ -84,14 +85,17 @@ void bind_client(py::module_& m) {
              o.table = std::move(table);
              o.max_keys_per_rpc = max_keys_per_rpc;
              o.channels_per_shard = channels_per_shard;
-             o.timeout_s = timeout_s;
+             o.timeout_s = to_timeout(timeout_s);
              o.max_message_bytes = static_cast<int>(max_message_bytes);
-             return std::make_unique<PsClient>(std::move(o));
+             return ClientHolder(new PsClient(std::move(o)));
            }),
            py::arg("addresses"), py::arg("token"), py::arg("dim"), py::kw_only(),
            py::arg("table") = "embedding", py::arg("max_keys_per_rpc") = 8192,
            py::arg("channels_per_shard") = 2, py::arg("timeout_s") = 60.0,
            py::arg("max_message_bytes") = int64_t{64} << 20)
+      .def("close", &PsClient::close, py::call_guard<py::gil_scoped_release>(),
+           "Wait for in-flight async operations and release the client's thread; later calls "
+           "raise RuntimeError.  Idempotent.")
       .def_property_readonly("num_shards", &PsClient::num_shards)
       .def_property_readonly("addresses", &PsClient::addresses)
       .def_property_readonly("dim", &PsClient::dim)
@@ -134,8 +138,11 @@ void bind_client(py::module_& m) {
             Update u = as_update(c, keys, grads);
             const OptimizerKind opt = parse_optimizer(optimizer);
             const float flr = check_lr(lr);
+            const int64_t* k = u.keys.data();  // read while the GIL is held
+            const float* g = u.grads.data();
+            const size_t n = static_cast<size_t>(u.keys.shape(0));
             py::gil_scoped_release release;
-            c.push(u.keys.data(), u.grads.data(), u.keys.shape(0), flr, opt);
+            c.push(k, g, n, flr, opt);
           },
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
       .def(
@@ -145,8 +152,11 @@ void bind_client(py::module_& m) {
             Update u = as_update(c, keys, grads);
             const OptimizerKind opt = parse_optimizer(optimizer);
             const float flr = check_lr(lr);
+            const int64_t* k = u.keys.data();  // read while the GIL is held
+            const float* g = u.grads.data();
+            const size_t n = static_cast<size_t>(u.keys.shape(0));
             py::gil_scoped_release release;
-            return Handle{c.push_async(u.keys.data(), u.grads.data(), u.keys.shape(0), flr, opt)};
+            return Handle{c.push_async(k, g, n, flr, opt)};
           },
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
       .def(
@@ -161,9 +171,11 @@ void bind_client(py::module_& m) {
               throw py::value_error("rank must be in 0..world_size-1, got rank " +
                                     std::to_string(rank) + " world_size " +
                                     std::to_string(world_size));
+            const int64_t* k = u.keys.data();  // read while the GIL is held
+            const float* g = u.grads.data();
+            const size_t n = static_cast<size_t>(u.keys.shape(0));
             py::gil_scoped_release release;
-            c.commit(session, step, rank, world_size, u.keys.data(), u.grads.data(),
-                     u.keys.shape(0), flr, opt);
+            c.commit(session, step, rank, world_size, k, g, n, flr, opt);
           },
           py::arg("session"), py::arg("step"), py::arg("rank"), py::arg("world_size"),
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
@@ -179,14 +191,22 @@ void bind_client(py::module_& m) {
               throw py::value_error("rank must be in 0..world_size-1, got rank " +
                                     std::to_string(rank) + " world_size " +
                                     std::to_string(world_size));
+            const int64_t* k = u.keys.data();  // read while the GIL is held
+            const float* g = u.grads.data();
+            const size_t n = static_cast<size_t>(u.keys.shape(0));
             py::gil_scoped_release release;
-            return Handle{c.commit_async(session, step, rank, world_size, u.keys.data(),
-                                         u.grads.data(), u.keys.shape(0), flr, opt)};
+            return Handle{c.commit_async(session, step, rank, world_size, k, g, n, flr, opt)};
           },
           py::arg("session"), py::arg("step"), py::arg("rank"), py::arg("world_size"),
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
-      .def("wait_committed", &PsClient::wait_committed, py::arg("session"), py::arg("step"),
-           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "wait_committed",
+          [](PsClient& c, uint64_t session, int64_t step, std::optional<double> timeout_s) {
+            const double t = to_timeout(timeout_s);
+            py::gil_scoped_release release;
+            return c.wait_committed(session, step, t < 0 ? kMaxTimeoutS : t);
+          },
+          py::arg("session"), py::arg("step"), py::arg("timeout_s"))
       .def("committed_step", &PsClient::committed_step, py::arg("session"),
            py::call_guard<py::gil_scoped_release>())
       .def("close_session", &PsClient::close_session, py::arg("session"), py::arg("rank"),

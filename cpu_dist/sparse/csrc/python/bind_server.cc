@@ -10,10 +10,13 @@ namespace cpu_dist::python {
 void bind_server(py::module_& m) {
   using ps::PsServer;
   using ps::ServerOptions;
-  py::class_<PsServer>(m, "Server", "One parameter-server shard (gRPC), served from this process.")
+  using ServerHolder = std::unique_ptr<PsServer, GilFreeDelete<PsServer>>;
+  py::class_<PsServer, ServerHolder>(m, "Server",
+                                     "One parameter-server shard (gRPC), served from this process.")
       .def(py::init([](uint32_t dim, std::string token, float init_scale, std::string host,
                        int port, std::string table, uint64_t seed, uint32_t shard_index,
-                       uint32_t num_shards, int64_t max_message_bytes) {
+                       uint32_t num_shards, int64_t max_message_bytes,
+                       uint32_t max_blocks_per_stripe) {
              if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
                throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                                      std::to_string(max_message_bytes));
@@ -30,12 +33,17 @@ void bind_server(py::module_& m) {
              o.shard_index = shard_index;
              o.num_shards = num_shards;
              o.max_message_bytes = static_cast<int>(max_message_bytes);
-             return std::make_unique<PsServer>(std::move(o));
+             if (max_blocks_per_stripe == 0 || max_blocks_per_stripe > 65536)
+               throw py::value_error("max_blocks_per_stripe must be in 1..65536, got " +
+                                     std::to_string(max_blocks_per_stripe));
+             o.max_blocks_per_stripe = max_blocks_per_stripe;
+             return ServerHolder(new PsServer(std::move(o)));
            }),
            py::arg("dim"), py::arg("token"), py::kw_only(), py::arg("init_scale"),
            py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("table") = "embedding",
            py::arg("seed") = 0, py::arg("shard_index") = 0, py::arg("num_shards") = 1,
-           py::arg("max_message_bytes") = int64_t{64} << 20)
+           py::arg("max_message_bytes") = int64_t{64} << 20,
+           py::arg("max_blocks_per_stripe") = 65536u)
       .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
            "Bind and serve; returns the bound port.")
       .def_property_readonly("port", &PsServer::port)
@@ -45,13 +53,27 @@ void bind_server(py::module_& m) {
       .def(
           "wait",
           [](PsServer& s, std::optional<double> timeout_s) {
+            const double t = to_timeout(timeout_s);
             py::gil_scoped_release release;
-            return s.wait(timeout_s ? *timeout_s : -1.0);
+            return s.wait(t);
           },
           py::arg("timeout_s") = py::none(), "True once the server stopped.")
-      .def("stop", &PsServer::stop, py::arg("drain_timeout_s") = 10.0,
-           py::call_guard<py::gil_scoped_release>(), "Drain in-flight calls and stop.")
-      .def("stats", [](const PsServer& s) { return message_to_dict(s.stats()); });
+      .def(
+          "stop",
+          [](PsServer& s, double drain_timeout_s) {
+            const double t = to_timeout(drain_timeout_s, "drain_timeout_s");
+            py::gil_scoped_release release;
+            s.stop(t);
+          },
+          py::arg("drain_timeout_s") = 10.0, "Drain in-flight calls and stop.")
+      .def("stats", [](const PsServer& s) {
+        ps::StatsResponse r;
+        {
+          py::gil_scoped_release release;  // takes every stripe lock
+          r = s.stats();
+        }
+        return message_to_dict(r);
+      });
 }
 
 }  // namespace cpu_dist::python

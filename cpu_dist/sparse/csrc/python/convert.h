@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 #include <pybind11/pybind11.h>
 
+#include <cmath>
+#include <optional>
 #include <string>
 
 #include "google/protobuf/descriptor.h"
@@ -25,6 +27,33 @@ inline std::string shape_str(const py::array& a) {
   if (a.ndim() == 1) s += ",";
   return s + ")";
 }
+
+// Longest wait C++ is asked for (~31 years): a double this size still converts to chrono
+// durations and deadlines without overflow, and nobody waits that long on purpose.
+constexpr double kMaxTimeoutS = 1e9;
+
+// A Python timeout as C++ takes it: None waits forever (-1); NaN is an error; negatives mean
+// "don't wait" (0); anything huge (inf included) is capped at kMaxTimeoutS.
+inline double to_timeout(std::optional<double> t, const char* name = "timeout_s") {
+  if (!t) return -1.0;
+  if (std::isnan(*t)) throw py::value_error(std::string(name) + " must not be NaN");
+  if (*t < 0) return 0.0;
+  return *t > kMaxTimeoutS ? kMaxTimeoutS : *t;
+}
+
+// Holder deleter for objects whose destructor may block (joining threads, draining calls):
+// pybind11 destroys holders with the GIL held, so let it go while deleting.
+template <class T>
+struct GilFreeDelete {
+  void operator()(T* p) const {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete p;
+    } else {
+      delete p;
+    }
+  }
+};
 
 // keys: anything numpy turns into int64 (copied when not contiguous int64); must be 1-D.
 inline KeysArray as_keys(const py::handle& obj) {
