@@ -41,15 +41,34 @@ struct Handle {
   }
 };
 
+// A validated push/commit payload.  Built while the GIL is held; the raw pointers stay valid
+// while the arrays live, so the network call that follows can run without the GIL.
 struct Update {
   KeysArray keys;
   RowsArray grads;
+  OptimizerKind opt;
+  float lr;
+  const int64_t* k;
+  const float* g;
+  size_t n;
 };
 
-Update as_update(const PsClient& c, const py::handle& keys, const py::handle& grads) {
+Update as_update(const PsClient& c, const py::handle& keys, const py::handle& grads, double lr,
+                 const std::string& optimizer) {
   KeysArray k = as_keys(keys);
   RowsArray g = as_grads(grads, k.shape(0), c.dim());
-  return {std::move(k), std::move(g)};
+  const OptimizerKind opt = parse_optimizer(optimizer);
+  const float flr = check_lr(lr);
+  const int64_t* kp = k.data();
+  const float* gp = g.data();
+  const size_t n = static_cast<size_t>(k.shape(0));
+  return {std::move(k), std::move(g), opt, flr, kp, gp, n};
+}
+
+void check_rank(uint32_t rank, uint32_t world_size) {
+  if (world_size == 0 || rank >= world_size)
+    throw py::value_error("rank must be in 0..world_size-1, got rank " + std::to_string(rank) +
+                          " world_size " + std::to_string(world_size));
 }
 
 }  // namespace
@@ -135,28 +154,18 @@ void bind_client(py::module_& m) {
           "push",
           [](PsClient& c, const py::handle& keys, const py::handle& grads, double lr,
              const std::string& optimizer) {
-            Update u = as_update(c, keys, grads);
-            const OptimizerKind opt = parse_optimizer(optimizer);
-            const float flr = check_lr(lr);
-            const int64_t* k = u.keys.data();  // read while the GIL is held
-            const float* g = u.grads.data();
-            const size_t n = static_cast<size_t>(u.keys.shape(0));
+            Update u = as_update(c, keys, grads, lr, optimizer);
             py::gil_scoped_release release;
-            c.push(k, g, n, flr, opt);
+            c.push(u.k, u.g, u.n, u.lr, u.opt);
           },
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
       .def(
           "push_async",
           [](PsClient& c, const py::handle& keys, const py::handle& grads, double lr,
              const std::string& optimizer) {
-            Update u = as_update(c, keys, grads);
-            const OptimizerKind opt = parse_optimizer(optimizer);
-            const float flr = check_lr(lr);
-            const int64_t* k = u.keys.data();  // read while the GIL is held
-            const float* g = u.grads.data();
-            const size_t n = static_cast<size_t>(u.keys.shape(0));
+            Update u = as_update(c, keys, grads, lr, optimizer);
             py::gil_scoped_release release;
-            return Handle{c.push_async(k, g, n, flr, opt)};
+            return Handle{c.push_async(u.k, u.g, u.n, u.lr, u.opt)};
           },
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
       .def(
@@ -164,18 +173,10 @@ void bind_client(py::module_& m) {
           [](PsClient& c, uint64_t session, int64_t step, uint32_t rank, uint32_t world_size,
              const py::handle& keys, const py::handle& grads, double lr,
              const std::string& optimizer) {
-            Update u = as_update(c, keys, grads);
-            const OptimizerKind opt = parse_optimizer(optimizer);
-            const float flr = check_lr(lr);
-            if (world_size == 0 || rank >= world_size)
-              throw py::value_error("rank must be in 0..world_size-1, got rank " +
-                                    std::to_string(rank) + " world_size " +
-                                    std::to_string(world_size));
-            const int64_t* k = u.keys.data();  // read while the GIL is held
-            const float* g = u.grads.data();
-            const size_t n = static_cast<size_t>(u.keys.shape(0));
+            check_rank(rank, world_size);
+            Update u = as_update(c, keys, grads, lr, optimizer);
             py::gil_scoped_release release;
-            c.commit(session, step, rank, world_size, k, g, n, flr, opt);
+            c.commit(session, step, rank, world_size, u.k, u.g, u.n, u.lr, u.opt);
           },
           py::arg("session"), py::arg("step"), py::arg("rank"), py::arg("world_size"),
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
@@ -184,18 +185,10 @@ void bind_client(py::module_& m) {
           [](PsClient& c, uint64_t session, int64_t step, uint32_t rank, uint32_t world_size,
              const py::handle& keys, const py::handle& grads, double lr,
              const std::string& optimizer) {
-            Update u = as_update(c, keys, grads);
-            const OptimizerKind opt = parse_optimizer(optimizer);
-            const float flr = check_lr(lr);
-            if (world_size == 0 || rank >= world_size)
-              throw py::value_error("rank must be in 0..world_size-1, got rank " +
-                                    std::to_string(rank) + " world_size " +
-                                    std::to_string(world_size));
-            const int64_t* k = u.keys.data();  // read while the GIL is held
-            const float* g = u.grads.data();
-            const size_t n = static_cast<size_t>(u.keys.shape(0));
+            check_rank(rank, world_size);
+            Update u = as_update(c, keys, grads, lr, optimizer);
             py::gil_scoped_release release;
-            return Handle{c.commit_async(session, step, rank, world_size, k, g, n, flr, opt)};
+            return Handle{c.commit_async(session, step, rank, world_size, u.k, u.g, u.n, u.lr, u.opt)};
           },
           py::arg("session"), py::arg("step"), py::arg("rank"), py::arg("world_size"),
           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("optimizer") = "sgd")
