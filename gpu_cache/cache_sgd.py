@@ -41,6 +41,7 @@ def best_effort_sgd(meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarr
                     divisor: int = 1) -> int:
     uniq, summed = sum_duplicates(keys, grads)
     slots = meta.lookup(uniq)
-    hit = slots >= 0
-    storage.sgd(slots[hit], summed[hit], lr, divisor)
-    return int(hit.sum())
+    hit = np.flatnonzero(slots >= 0)
+    # summed[hit] is a fresh copy, so the storage may scale it in place
+    storage.sgd(slots[hit], np.ascontiguousarray(summed[hit]), lr, divisor, owned=True)
+    return len(hit)

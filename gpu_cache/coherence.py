@@ -26,11 +26,13 @@ def after_ps_commit(meta, storage: RowStorage, plan: StepPlan, keys: np.ndarray,
     """``(rows updated locally, rows invalidated)`` for ps aggregation."""
     if not np.array_equal(keys, plan.keys):
         raise RuntimeError(f"step {plan.step}: gradients cover other keys than the rows read")
-    only_mine = ~plan.shared
-    updated = best_effort_sgd(meta, storage, keys[only_mine], grads[only_mine], lr, world)
-    others = plan.union if not only_mine.any() else np.setdiff1d(
-        plan.union, keys[only_mine], assume_unique=True)
-    return updated, int(meta.invalidate(others))
+    mine = np.flatnonzero(~plan.shared)
+    updated = best_effort_sgd(meta, storage, keys[mine], grads[mine], lr, world)
+    if len(mine):  # the union minus the rows only this worker touched (both sorted)
+        others = np.ones(len(plan.union), dtype=bool)
+        others[np.searchsorted(plan.union, keys[mine])] = False
+        return updated, int(meta.invalidate(plan.union[others]))
+    return updated, int(meta.invalidate(plan.union))
 
 
 def after_collective_commit(meta, storage: RowStorage, union: np.ndarray, summed: np.ndarray,

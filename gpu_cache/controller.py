@@ -1,10 +1,11 @@
 """CachedRowReader: the cache stage between the worker loop and the PS.
 
 Per step ``read(step, keys)``: plan (online id exchange or prescan lookup) -> metadata query
--> wait only for the commit the misses depend on -> read misses from the PS (prefetched ones
-first) -> gather hits, admit a bounded set of misses into the cache.  ``on_submit`` keeps the
-cache coherent once the step's gradients are handed to the commit protocol (coherence.py) and,
-in prescan mode, starts prefetching the next step's rows whose previous updates are committed.
+-> gather hits -> wait only for the commit the remaining misses depend on and pull them ->
+take the prefetched rows -> admit a bounded set of misses into the cache -> in prescan mode,
+start prefetching the next step's misses whose previous updates are committed, so that pull
+overlaps forward/backward (the client releases the GIL).  ``on_submit`` keeps the cache
+coherent once the step's gradients are handed to the commit protocol (coherence.py).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class CachedRowReader:
         self.lr, self.aggregation, self.world, self.dim = float(lr), aggregation, world, dim
         self._plan = None
         self._pool = cf.ThreadPoolExecutor(1) if planner.prescan and prefetch else None
+        # (step, positions in that step's keys, future of their rows): started by read(step-1)
         self._prefetch: tuple[int, np.ndarray, cf.Future] | None = None
         self.stats = dict(lookups=0, hits=0, demand_ids=0, prefetch_ids=0, prefetch_used=0,
                           evictions=0, invalidations=0, local_updates=0, admitted=0,
@@ -61,78 +63,105 @@ class CachedRowReader:
         n = len(keys)
         with self.timer("query"):
             hit_pos, hit_slot = self.meta.query(keys, plan.scores)
-        miss = np.ones(n, dtype=bool)
-        miss[hit_pos] = False
-        miss_pos = np.flatnonzero(miss)
-        miss_keys = keys[miss_pos]
+            miss = np.ones(n, dtype=bool)
+            miss[hit_pos] = False
+            miss_pos = np.flatnonzero(miss)
         self.stats["lookups"] += n
         self.stats["hits"] += len(hit_pos)
-        pulled = self._read_misses(step, miss_keys)
-        self.meta.record_updates(plan.union, step)  # step's commit will change these rows
+        out = np.empty((n, self.dim), dtype=np.float32)
+        with self.timer("fill"):  # hits first: CPU work while a prefetch may still be pulling
+            if len(hit_pos):
+                out[hit_pos] = self.storage.gather(hit_slot).cpu().numpy()
+            else:
+                self.stats["bypassed_reads"] += 1
+        prefetched = self._take_prefetch(step)
+        if prefetched is not None:
+            miss[prefetched[0]] = False  # what remains in `miss` is read on demand
+        self._read_demand(step, plan, keys, np.flatnonzero(miss), out)
+        if prefetched is not None:
+            with self.timer("prefetch_wait"):
+                out[prefetched[0]] = prefetched[1].result()
+        if plan.prev is None:  # online: the metadata remembers which step changed which row
+            self.meta.record_updates(plan.union, step)
         with self.timer("fill"):
-            return self._assemble(n, hit_pos, hit_slot, miss_pos, miss_keys, pulled, plan)
+            self._admit(keys, miss_pos, out, plan.scores)
+        with self.timer("prefetch_issue"):
+            self._start_prefetch(step + 1)
+        return torch.from_numpy(out)
 
-    def _assemble(self, n, hit_pos, hit_slot, miss_pos, miss_keys, pulled, plan) -> torch.Tensor:
-        if len(hit_pos) == 0:  # low-hit bypass: nothing to gather, the PS rows are the output
-            self.stats["bypassed_reads"] += 1
-            out = torch.from_numpy(pulled)
-        else:
-            out = torch.empty((n, self.dim), dtype=torch.float32)
-            out[torch.from_numpy(hit_pos)] = self.storage.gather(hit_slot).cpu()
-            out[torch.from_numpy(miss_pos)] = torch.from_numpy(pulled)
-        self._admit(miss_keys, pulled, None if plan.scores is None else plan.scores[miss_pos])
-        return out
+    def _take_prefetch(self, step: int) -> tuple[np.ndarray, cf.Future] | None:
+        """(positions in this step's keys, future of their rows) of the prefetch for ``step``."""
+        pending, self._prefetch = self._prefetch, None
+        if pending is None:
+            return None
+        pstep, pos, fut = pending
+        if pstep != step:  # never started for this step: drain it and read everything anew
+            fut.result()
+            return None
+        self.stats["prefetch_used"] += len(pos)
+        return pos, fut
 
-    def _read_misses(self, step: int, miss_keys: np.ndarray) -> np.ndarray:
-        rows = np.empty((len(miss_keys), self.dim), dtype=np.float32)
-        need = np.ones(len(miss_keys), dtype=bool)
-        if self._prefetch is not None:
-            pstep, pkeys, fut = self._prefetch
-            self._prefetch = None
-            if pstep == step and len(pkeys):
-                with self.timer("prefetch_wait"):
-                    prow = fut.result()
-                idx = np.searchsorted(pkeys, miss_keys).clip(max=len(pkeys) - 1)
-                found = pkeys[idx] == miss_keys
-                rows[found] = prow[idx[found]]
-                need &= ~found
-                self.stats["prefetch_used"] += int(found.sum())
-        demand = miss_keys[need]
-        # Wait only for the commit these rows depend on (their previous global update).
-        dep = int(self.meta.previous_update(demand).max()) if len(demand) else -1
+    def _read_demand(self, step: int, plan, keys: np.ndarray, pos: np.ndarray,
+                     out: np.ndarray) -> None:
+        """Pull the rows at ``pos`` into ``out`` once the commit they depend on is applied."""
+        if not len(pos):
+            if step > 0 and self.updater.committed < step - 1:
+                self.stats["skipped_dependency_waits"] += 1
+            return
+        demand = keys[pos]
+        prev = plan.prev[pos] if plan.prev is not None else self.meta.previous_update(demand)
+        dep = int(prev.max())
         if dep > self.updater.committed:
             t0 = time.perf_counter()
             self.updater.wait_readable(dep + 1)
-            self.commit_wait_s += time.perf_counter() - t0
-            self.timer.add("dependency_wait", time.perf_counter() - t0)
+            waited = time.perf_counter() - t0
+            self.commit_wait_s += waited
+            self.timer.add("dependency_wait", waited)
             self.stats["dependency_waits"] += 1
         elif step > 0 and self.updater.committed < step - 1:
             self.stats["skipped_dependency_waits"] += 1
-        if len(demand):
-            with self.timer("demand_pull"):
-                rows[need] = self.client.pull(demand)
-            self.stats["demand_ids"] += len(demand)
-            self.bytes_pulled += demand.nbytes + len(demand) * self.dim * 4
-        return rows
+        with self.timer("demand_pull"):
+            out[pos] = self.client.pull(demand)
+        self.stats["demand_ids"] += len(demand)
+        self.bytes_pulled += demand.nbytes + len(demand) * self.dim * 4
 
-    def _admit(self, keys: np.ndarray, rows: np.ndarray, scores: np.ndarray | None) -> None:
-        slots, src, evicted = admit_misses(self.meta, keys, scores, self.storage.capacity_rows)
+    def _admit(self, keys: np.ndarray, miss_pos: np.ndarray, out: np.ndarray,
+               scores: np.ndarray | None) -> None:
+        if not len(miss_pos):
+            return
+        slots, src, evicted = admit_misses(self.meta, keys[miss_pos],
+                                           None if scores is None else scores[miss_pos],
+                                           self.storage.capacity_rows)
         if len(slots):
-            self.storage.scatter(slots, self.storage.to_device(rows[src]))
+            self.storage.scatter(slots, self.storage.to_device(out[miss_pos[src]]))
         self.stats["admitted"] += len(slots)
         self.stats["evictions"] += len(evicted)
+
+    def _start_prefetch(self, step: int) -> None:
+        """Pull, in the background while forward/backward run, the rows ``step`` will miss
+        whose previous update is already committed (so no later commit before ``step``
+        changes them: the commit of the current step only touches rows with a newer step)."""
+        nxt = self.planner.upcoming(step) if self._pool is not None else None
+        if nxt is None or not len(nxt.keys):
+            return
+        ready = self.meta.lookup(nxt.keys) < 0
+        ready &= nxt.prev <= self.updater.committed
+        pos = np.flatnonzero(ready)
+        if len(pos):
+            keys = nxt.keys[pos]
+            self.stats["prefetch_ids"] += len(pos)
+            self.bytes_pulled += keys.nbytes + len(keys) * self.dim * 4
+            self._prefetch = (step, pos, self._pool.submit(self.client.pull, keys))
 
     # -- coherence ---------------------------------------------------------------------
     def on_submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
         """After ``updater.submit(step, ...)``: make resident rows equal the PS rows after
-        commit ``step``, then prefetch what the next step can read already."""
+        commit ``step`` (the next step's prefetch was started by ``read``)."""
         plan = self._plan
         if plan is None or plan.step != step:
             raise RuntimeError(f"on_submit({step}) without read({step})")
         with self.timer("coherence"):
             self._coherence(step, plan, keys, grads)
-        with self.timer("prefetch_issue"):
-            self._start_prefetch(step + 1)
 
     def _coherence(self, step, plan, keys, grads) -> None:
         if self.aggregation == "collective":
@@ -144,17 +173,6 @@ class CachedRowReader:
                 self.meta, self.storage, plan, keys, grads, self.lr, self.world)
             self.stats["local_updates"] += updated
             self.stats["invalidations"] += dropped
-
-    def _start_prefetch(self, step: int) -> None:
-        nxt = self.planner.peek(step) if self._pool is not None else None
-        if nxt is None or not len(nxt):
-            return
-        cand = nxt[self.meta.lookup(nxt) < 0]
-        ready = cand[self.meta.previous_update(cand) <= self.updater.committed]
-        if len(ready):
-            self.stats["prefetch_ids"] += len(ready)
-            self.bytes_pulled += ready.nbytes + len(ready) * self.dim * 4
-            self._prefetch = (step, ready, self._pool.submit(self.client.pull, ready))
 
     # -- end ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -29,6 +29,9 @@ class StepPlan:
     union: np.ndarray           # sorted union over all workers
     shared: np.ndarray          # bool per own key: another worker touches it too
     scores: np.ndarray | None   # eviction scores of own keys (prescan), None: LRU
+    # Per own key: the last earlier step whose commit changed it (-1: none), known from the
+    # prescan; None online (the controller then records updates in the metadata).
+    prev: np.ndarray | None = None
 
 
 def _allgather_keys(comm, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -40,9 +43,33 @@ def _allgather_keys(comm, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _union_and_shared(all_keys: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    union, counts = np.unique(all_keys, return_counts=True)
-    shared = counts[np.searchsorted(union, own)] > 1 if len(own) else np.zeros(0, dtype=bool)
+    union, shared, _ = _union_shared_pos(all_keys, own)
     return union, shared
+
+
+def _union_shared_pos(all_keys: np.ndarray, own: np.ndarray):
+    """Sorted union, the shared flag of each own key, and each own key's position in the union."""
+    union, counts = np.unique(all_keys, return_counts=True)
+    pos = np.searchsorted(union, own)
+    shared = counts[pos] > 1 if len(own) else np.zeros(0, dtype=bool)
+    return union, shared, pos
+
+
+def _previous_steps(unions: list[np.ndarray]) -> list[np.ndarray]:
+    """Per step, per union key: the last earlier step whose union holds it (-1: none)."""
+    if not unions:
+        return []
+    lengths = np.array([len(u) for u in unions], dtype=np.int64)
+    flat = np.concatenate(unions)
+    steps = np.repeat(np.arange(len(unions), dtype=np.int64), lengths)
+    order = np.lexsort((steps, flat))  # by key, then step
+    k_sorted, s_sorted = flat[order], steps[order]
+    prev_sorted = np.full(len(flat), -1, dtype=np.int64)
+    same = k_sorted[1:] == k_sorted[:-1]
+    prev_sorted[1:][same] = s_sorted[:-1][same]
+    prev = np.empty_like(prev_sorted)
+    prev[order] = prev_sorted
+    return np.split(prev, np.cumsum(lengths)[:-1])
 
 
 class OnlinePlanner:
@@ -68,6 +95,9 @@ class OnlinePlanner:
 
     def peek(self, step: int) -> np.ndarray | None:
         return None  # the future is unknown online
+
+    def upcoming(self, step: int) -> StepPlan | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -104,15 +134,22 @@ class PrescanPlanner:
         self.plans: list[StepPlan] = []
         worker_offsets = np.zeros(world, dtype=np.int64)
         scores = self._scores(own, flat, lengths)
+        unions, shareds, positions = [], [], []
         for t in range(self.steps):
             parts = []
             for w in range(world):
                 begin = int(starts[w] + worker_offsets[w])
                 parts.append(all_flat[begin:begin + int(all_lengths[w, t])])
                 worker_offsets[w] += all_lengths[w, t]
-            union, shared = _union_and_shared(np.concatenate(parts), own[t]) if world > 1 else \
-                (own[t], np.zeros(len(own[t]), dtype=bool))
-            self.plans.append(StepPlan(t, own[t], union, shared, scores[t]))
+            union, shared, pos = _union_shared_pos(np.concatenate(parts), own[t]) if world > 1 \
+                else (own[t], np.zeros(len(own[t]), dtype=bool), np.arange(len(own[t])))
+            unions.append(union)
+            shareds.append(shared)
+            positions.append(pos)
+        prev = _previous_steps(unions)
+        for t in range(self.steps):
+            self.plans.append(StepPlan(t, own[t], unions[t], shareds[t], scores[t],
+                                       prev[t][positions[t]]))
         self.startup_s = time.perf_counter() - t0
 
     def _scores(self, own: list[np.ndarray], flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
@@ -143,6 +180,10 @@ class PrescanPlanner:
 
     def peek(self, step: int) -> np.ndarray | None:
         return self.plans[step].keys if 0 <= step < self.steps else None
+
+    def upcoming(self, step: int) -> StepPlan | None:
+        """The plan of a later step (prefetch), without the id check of :meth:`plan`."""
+        return self.plans[step] if 0 <= step < len(self.plans) else None
 
     def close(self) -> None:
         self.plans.clear()

@@ -62,10 +62,16 @@ class RowStorage:
         if len(slots):
             self.rows.index_copy_(0, self._index(slots, self.device), values.to(self.device))
 
-    def sgd(self, slots: np.ndarray, grads: np.ndarray | torch.Tensor, lr: float, divisor: int) -> None:
-        """``w -= lr * (g / divisor)`` for unique slots, in float32 like the PS optimizer."""
+    def sgd(self, slots: np.ndarray, grads: np.ndarray | torch.Tensor, lr: float, divisor: int,
+            owned: bool = False) -> None:
+        """``w -= lr * (g / divisor)`` for unique slots, in float32 like the PS optimizer.
+
+        ``owned``: the caller hands over ``grads`` (a fresh copy), so it is scaled in place
+        instead of through another temporary (same float32 operations, same results)."""
         if not len(slots):
             return
         idx = self._index(slots, self.device)
-        step = (self.to_device(grads) / float(divisor)).mul_(lr)  # a fresh tensor: in place is safe
+        g = self.to_device(grads)
+        step = g.div_(float(divisor)) if owned else g / float(divisor)
+        step.mul_(lr)
         self.rows.index_copy_(0, idx, self.rows.index_select(0, idx).sub_(step))

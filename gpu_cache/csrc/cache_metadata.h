@@ -5,7 +5,7 @@
 //
 // Eviction order: every resident slot carries an int64 score and the slot with the smallest
 // score goes first (ties: the lower slot).  Scores are plain per-slot numbers, so a hit costs
-// O(1); victims are chosen once per admission call by a partial selection over the slots.  Callers that pass no scores get LRU (the score is a tick counted per key, so a
+// O(1); victims come off a heap of the slots built once per admission call.  Callers that pass no scores get LRU (the score is a tick counted per key, so a
 // batch behaves like its keys used one after another);
 // prescan callers pass minus the next use step, which turns the same order into "evict the
 // row whose next use is farthest away" (Belady within the plan window).
@@ -66,14 +66,15 @@ class CacheMetadata {
  private:
   void remove_slot(int64_t slot);
   void place(int64_t key, int64_t slot, int64_t score);
-  // The k resident slots with the smallest (score, slot), ascending.
-  std::vector<std::pair<int64_t, int64_t>> victims(size_t k) const;
+  // The resident (score, slot) pairs scoring below `below`, as a min-heap (smallest first).
+  std::vector<std::pair<int64_t, int64_t>> victim_heap(int64_t below) const;
 
   int64_t capacity_;
   int64_t tick_ = 0;
   absl::flat_hash_map<int64_t, int64_t> slot_of_;
   std::vector<int64_t> key_of_slot_;
   std::vector<int64_t> score_of_slot_;
+  std::vector<uint8_t> used_;                    // 1 where a slot holds a key
   std::vector<int64_t> free_;                    // free slots, popped from the back
   absl::flat_hash_map<int64_t, int64_t> last_update_;
 };
