@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--shard-index", type=int, default=0)
     ap.add_argument("--num-shards", type=int, default=1)
     ap.add_argument("--max-message-mb", type=int, default=64)
+    ap.add_argument("--checkpoint-dir", default="",
+                    help="Save/Load RPCs read and write files under this directory only "
+                         "(default: refused)")
     ap.add_argument("--drain-timeout", type=float, default=10.0,
                     help="seconds to let in-flight calls finish when stopping")
     return ap.parse_args(argv)
@@ -57,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     srv = Server(args.dim, token, init_scale=args.init_scale, host=args.host, port=args.port,
                  table=args.table, seed=args.seed, shard_index=args.shard_index,
-                 num_shards=args.num_shards, max_message_bytes=args.max_message_mb << 20)
+                 num_shards=args.num_shards, max_message_bytes=args.max_message_mb << 20,
+                 checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir
+                 else "")
     srv.start()
     print(f"listening on {srv.address}", flush=True)
     while not srv.wait(0.2):

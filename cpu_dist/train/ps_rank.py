@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cpu_dist.common.mpi_context import Roles, exchange_ps_addresses
 from cpu_dist.sparse import Server
 
 TABLE = "embedding"
 WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+
+
+def _checkpoint_dir(args: argparse.Namespace) -> str:
+    """Where Save/Load may touch files: --checkpoint-dir (absolute), or nowhere."""
+    return str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else ""
 
 
 def run_ps_rank(args: argparse.Namespace, roles: Roles, token: str, job_host: str,
@@ -21,7 +27,8 @@ def run_ps_rank(args: argparse.Namespace, roles: Roles, token: str, job_host: st
     try:
         server = Server(args.embedding_dim, token, init_scale=args.init_scale, host=host,
                         port=port, table=TABLE, seed=args.seed, shard_index=roles.role_rank,
-                        num_shards=roles.num_ps_ranks, max_message_bytes=args.ps_max_message_bytes)
+                        num_shards=roles.num_ps_ranks, max_message_bytes=args.ps_max_message_bytes,
+                        checkpoint_dir=_checkpoint_dir(args))
         bound = server.start()
         # A wildcard bind (asked for explicitly) is published as this node's own address.
         address = f"{job_host if host in WILDCARDS else host}:{bound}"

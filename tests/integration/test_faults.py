@@ -29,12 +29,11 @@ def test_killed_rank_ends_the_job(tmp_path, victim, kind):
     print(f"FIGURE kill -9 {kind} rank {victim}: job exited {rc} after {took:.2f} s")
     assert rc != 0
     assert took < BOUND_S, f"job took {took:.1f} s to end after the kill"
-    assert re.search(rf"process rank {victim} .*exited on signal 9", err), err[-3000:]
-    if kind == "ps":
-        # Whichever worker noticed first names the shard and its world rank (when it got to
-        # speak before mpirun ended it).
-        named = re.findall(r"PS shard 0 = world rank 2", err)
-        assert named or "failed" not in err, err[-3000:]
+    # mpirun names the rank it saw die; a worker whose RPC found the shard gone first (and
+    # called MPI_Abort before mpirun noticed) names the shard and its world rank.
+    by_mpirun = re.search(rf"process rank {victim} .*exited on signal 9", err)
+    by_worker = kind == "ps" and f"PS shard 0 = world rank {victim}: shard 0 (" in err
+    assert by_mpirun or by_worker, err[-3000:]
 
 
 def test_shutdown_under_load_drains_what_it_acknowledged():
@@ -82,3 +81,42 @@ def test_shutdown_under_load_drains_what_it_acknowledged():
     assert stats["rows"] == stats["push_keys"] + stats["commit_keys"]
     print(f"FIGURE shutdown under load: {ok}/300 pushes acknowledged, commit ok={commit_ok}, "
           f"rows={stats['rows']}")
+
+
+def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
+    """No mpirun teardown to help: the shard is a process of its own (--ps_list).  The
+    workers' next RPC fails, and the job ends naming the shard and its address."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from launch import ROOT
+
+    token = tmp_path / "token"
+    token.write_text("fault-token\n")
+    server = subprocess.Popen([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0",
+                               "--dim", "8", "--token-file", str(token)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = server.stdout.readline()  # "listening on HOST:PORT", printed once serving
+        assert line.startswith("listening on "), line
+        addr = line.split()[-1]
+        job = Job(2, ["--worker-num", "2", "--ps_list", addr, "--token-file", str(token), *SMALL,
+                      "--max_step", "100000", "--rpc-timeout", "10"], tmp_path / "m.jsonl")
+        try:
+            job.wait_for_steps(3, timeout=120)
+            os.kill(server.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            rc, _, err = job.finish(timeout=60)
+            took = time.monotonic() - killed_at
+        finally:
+            job.kill_all()
+    finally:
+        server.kill()
+        server.wait(10)
+    print(f"FIGURE kill -9 external shard: job exited {rc} after {took:.2f} s")
+    assert rc != 0
+    assert took < 10 + 20, took  # the RPC timeout, plus MPI_Abort's teardown
+    assert re.search(rf"failed: PSError: shard 0 \({re.escape(addr)}\): (UNAVAILABLE|"
+                     "DEADLINE_EXCEEDED)", err), err[-3000:]

@@ -30,7 +30,7 @@ PROTO = Path(__file__).resolve().parents[2] / "proto" / "ps.proto"
 METHOD = "/cpu_dist.ps.ParameterServer/"
 FUZZ_REQUESTS = int(os.environ.get("CPU_DIST_FUZZ_REQUESTS", "1000"))
 METHODS = ["Pull", "Push", "Commit", "WaitCommitted", "CloseSession", "Stats", "Health", "Dump",
-           "Shutdown"]
+           "Shutdown", "Save", "Load"]
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,9 @@ def pb(tmp_path_factory):
 
 
 @pytest.fixture
-def shard():
-    srv = Server(DIM, TOKEN, init_scale=0.1, seed=3, max_message_bytes=LIMIT)
+def shard(tmp_path):
+    srv = Server(DIM, TOKEN, init_scale=0.1, seed=3, max_message_bytes=LIMIT,
+                 checkpoint_dir=str(tmp_path))
     srv.start()
     cl = Client([srv.address], TOKEN, DIM, timeout_s=20.0)
     keys = np.arange(50, dtype=np.int64)
@@ -99,6 +100,13 @@ def valid_request(pb, method: str, rng: np.random.Generator, token: str = TOKEN)
                                       rank=int(rng.integers(0, 3)))
     if method == "Dump":
         return pb.DumpRequest(**common, table="embedding")
+    if method == "Save":
+        return pb.SaveRequest(**common, table="embedding", path=pick(rng, ["f/a.bin", "b.bin"]),
+                              step=int(rng.integers(0, 5)))
+    if method == "Load":
+        return pb.LoadRequest(**common, table="embedding",
+                              paths=[pick(rng, ["f/a.bin", "b.bin", "none.bin"])],
+                              stage=int(rng.integers(0, 4)))
     return getattr(pb, f"{method}Request")(**common)
 
 
@@ -131,14 +139,27 @@ def random_value(field, rng: np.random.Generator):
         return int(pick(rng, [0, 1, 2, 7, 2**31 - 1]))
     if t == field.TYPE_BOOL:
         return bool(rng.integers(0, 2))
+    if field.is_repeated:
+        raise AssertionError("repeated fields are set in mutate_fields")
     raise AssertionError(f"unhandled field type {t}")
+
+
+def random_value_scalar(field, rng: np.random.Generator):
+    if field.type == field.TYPE_STRING:
+        return str(pick(rng, ["f/a.bin", "../x", "/etc/passwd", "", "a//b", "none.bin"]))
+    return int(pick(rng, [0, 1, 7, 2**32 - 1]))
 
 
 def mutate_fields(msg, rng: np.random.Generator):
     fields = msg.DESCRIPTOR.fields
     for _ in range(int(rng.integers(1, 4))):
         f = fields[int(rng.integers(0, len(fields)))]
-        setattr(msg, f.name, random_value(f, rng))
+        if f.is_repeated:  # Load's paths, sizes, checksums
+            del getattr(msg, f.name)[:]
+            getattr(msg, f.name).extend(
+                [random_value_scalar(f, rng) for _ in range(int(rng.integers(0, 3)))])
+        else:
+            setattr(msg, f.name, random_value(f, rng))
     return msg.SerializeToString()
 
 
@@ -249,5 +270,22 @@ def test_oversized_request_refused_by_the_configured_limit(shard, pb):
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
     assert snapshot(cl) == before
     assert cl.stats()[0]["bytes_in"] < 4 * LIMIT  # the big bodies were never taken in
+    assert resident_bytes(os.getpid()) - rss0 < 64 << 20
+    assert cl.health()[0]["serving"]
+
+
+def test_fields_that_size_allocations_are_capped(shard, pb):
+    """world_size, chunk_count and rank size the shard's per-session bookkeeping: huge values
+    are refused, not allocated (the fuzz run above once found one that ended the process)."""
+    srv, cl, channel = shard
+    before = snapshot(cl)
+    rss0 = resident_bytes(os.getpid())
+    for ws, cc in [(2**32 - 1, 1), (2**31, 1), (1, 2**32 - 1), (1, 2**31), (10**8, 1)]:
+        req = pb.CommitRequest(token=TOKEN, table="embedding", session=77, step=0, rank=0,
+                               world_size=ws, chunk_index=0, chunk_count=cc, dim=DIM, lr=0.1)
+        code, details = call(channel, "Commit", req.SerializeToString())
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), \
+            (ws, cc, code, details)
+    assert snapshot(cl) == before
     assert resident_bytes(os.getpid()) - rss0 < 64 << 20
     assert cl.health()[0]["serving"]

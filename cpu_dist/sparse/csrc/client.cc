@@ -29,6 +29,8 @@ constexpr const char* kStats = "/cpu_dist.ps.ParameterServer/Stats";
 constexpr const char* kHealth = "/cpu_dist.ps.ParameterServer/Health";
 constexpr const char* kDump = "/cpu_dist.ps.ParameterServer/Dump";
 constexpr const char* kShutdown = "/cpu_dist.ps.ParameterServer/Shutdown";
+constexpr const char* kSave = "/cpu_dist.ps.ParameterServer/Save";
+constexpr const char* kLoad = "/cpu_dist.ps.ParameterServer/Load";
 
 // Per-shard requests of at least this many keys per part are split over channels
 // (PLATFORM.md: 2 parts help at 4096 keys; small pulls gain nothing).
@@ -566,6 +568,71 @@ void PsClient::shutdown() {
   req.set_token(opts_.token);
   Calls calls = one_per_shard(kShutdown, req);
   run(calls, opts_.timeout_s);
+}
+
+std::vector<SaveResponse> PsClient::save(const std::vector<std::string>& paths, int64_t step,
+                                         bool check_session, uint64_t session,
+                                         int64_t session_step, double timeout_s) {
+  if (paths.size() != num_shards())
+    throw std::invalid_argument(absl::StrCat("save needs one path per shard: ", paths.size(),
+                                             " paths for ", num_shards(), " shards"));
+  Calls calls;
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    SaveRequest req;
+    req.set_token(opts_.token);
+    req.set_table(opts_.table);
+    req.set_path(paths[s]);
+    req.set_step(step);
+    req.set_check_session(check_session);
+    req.set_session(session);
+    req.set_session_step(session_step);
+    Call& c = add_call(calls, s, 0, kSave);
+    wire::serialize(req, &c.request);
+  }
+  std::vector<SaveResponse> replies(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) calls[i]->on_reply = parse_into(&replies[i]);
+  run(calls, timeout_s);
+  return replies;
+}
+
+std::vector<LoadResponse> PsClient::load(const std::vector<std::string>& paths,
+                                         const std::vector<uint64_t>& sizes,
+                                         const std::vector<uint32_t>& checksums,
+                                         double timeout_s) {
+  LoadRequest req;
+  req.set_token(opts_.token);
+  req.set_table(opts_.table);
+  for (const auto& p : paths) req.add_paths(p);
+  for (uint64_t b : sizes) req.add_sizes(b);
+  for (uint32_t c : checksums) req.add_checksums(c);
+  auto stage = [&](LoadStage st, const LoadRequest& r) {
+    LoadRequest copy = r;
+    copy.set_stage(st);
+    Calls calls = one_per_shard(kLoad, copy);
+    std::vector<LoadResponse> replies(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) calls[i]->on_reply = parse_into(&replies[i]);
+    run(calls, timeout_s);
+    return replies;
+  };
+  if (num_shards() == 1) return stage(LoadStage::LOAD, req);
+  // All or nothing across shards: every shard reads and checks first, then all swap in.
+  std::vector<LoadResponse> prepared;
+  try {
+    prepared = stage(LoadStage::PREPARE, req);
+  } catch (const RpcError&) {
+    LoadRequest abort;
+    abort.set_token(opts_.token);
+    abort.set_table(opts_.table);
+    try {
+      stage(LoadStage::ABORT, abort);
+    } catch (const RpcError&) {  // the PREPARE error is the one to report
+    }
+    throw;
+  }
+  LoadRequest commit;
+  commit.set_token(opts_.token);
+  commit.set_table(opts_.table);
+  return stage(LoadStage::COMMIT, commit);
 }
 
 TableDump PsClient::dump() {

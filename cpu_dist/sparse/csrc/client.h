@@ -121,6 +121,16 @@ class PsClient {
   std::vector<HealthResponse> health();
   void shutdown();
   TableDump dump();  // merged over shards, sorted by key
+  // Checkpoints (paths relative to each shard's checkpoint directory).  save: shard i writes
+  // paths[i]; with check_session it refuses unless the session is exactly at session_step.
+  std::vector<SaveResponse> save(const std::vector<std::string>& paths, int64_t step,
+                                 bool check_session, uint64_t session, int64_t session_step,
+                                 double timeout_s);
+  // load: every shard loads the rows it owns from all of `paths` (one checkpoint's files);
+  // with several shards in two stages (PREPARE everywhere, then COMMIT), all or nothing.
+  std::vector<LoadResponse> load(const std::vector<std::string>& paths,
+                                 const std::vector<uint64_t>& sizes,
+                                 const std::vector<uint32_t>& checksums, double timeout_s);
 
   // Raises AsyncOp's error as RpcError (for Handle.wait).
   static void raise_if_failed(AsyncOp& op);

@@ -7,8 +7,11 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
+#include "checkpoint.h"
 #include "commit.h"
 #include "ps.grpc.pb.h"
 #include "table.h"
@@ -28,6 +31,8 @@ struct ServerOptions {
   int max_message_bytes = 64 << 20;
   uint32_t stripes = 16;
   uint32_t max_blocks_per_stripe = 65536;  // capacity cap (table.h); at most 65536
+  // Save/Load read and write files under this directory only; empty: both are refused.
+  std::string checkpoint_dir;
 };
 
 struct Counters {
@@ -35,7 +40,9 @@ struct Counters {
       commit_calls{0}, commit_keys{0}, errors{0}, bytes_in{0}, bytes_out{0};
 };
 
-using PsServiceBase = ParameterServer::WithRawCallbackMethod_Pull<
+using PsServiceBase = ParameterServer::WithRawCallbackMethod_Save<
+    ParameterServer::WithRawCallbackMethod_Load<
+    ParameterServer::WithRawCallbackMethod_Pull<
     ParameterServer::WithRawCallbackMethod_Push<
         ParameterServer::WithRawCallbackMethod_Commit<
             ParameterServer::WithRawCallbackMethod_WaitCommitted<
@@ -44,7 +51,7 @@ using PsServiceBase = ParameterServer::WithRawCallbackMethod_Pull<
                         ParameterServer::WithRawCallbackMethod_Health<
                             ParameterServer::WithRawCallbackMethod_Dump<
                                 ParameterServer::WithRawCallbackMethod_Shutdown<
-                                    ParameterServer::Service>>>>>>>>>;
+                                    ParameterServer::Service>>>>>>>>>>>;
 
 class PsService final : public PsServiceBase {
  public:
@@ -67,6 +74,8 @@ class PsService final : public PsServiceBase {
   R* Health(Ctx* ctx, const BB* req, BB* resp) override;
   R* Dump(Ctx* ctx, const BB* req, BB* resp) override;
   R* Shutdown(Ctx* ctx, const BB* req, BB* resp) override;
+  R* Save(Ctx* ctx, const BB* req, BB* resp) override;
+  R* Load(Ctx* ctx, const BB* req, BB* resp) override;
 
  private:
   grpc::Status do_pull(const BB& req, BB* resp);
@@ -77,6 +86,10 @@ class PsService final : public PsServiceBase {
   grpc::Status do_health(const BB& req, BB* resp);
   grpc::Status do_dump(const BB& req, BB* resp);
   grpc::Status do_shutdown(const BB& req, BB* resp);
+  grpc::Status do_save(const BB& req, BB* resp);
+  grpc::Status do_load(const BB& req, BB* resp);
+  // `rel` inside the checkpoint directory (no absolute path, no "..") -> full path.
+  grpc::Status checkpoint_path(const std::string& rel, std::string* full) const;
 
   // Finishes a call with `status`, counting errors and bytes.
   R* finish(Ctx* ctx, const BB* req, const BB* resp, grpc::Status status);
@@ -92,6 +105,8 @@ class PsService final : public PsServiceBase {
   ShardTable table_;
   CommitSessions sessions_;
   mutable Counters counters_;
+  std::mutex load_mu_;
+  std::unique_ptr<ckpt::LoadedRows> prepared_;  // a PREPAREd load waiting for COMMIT
 };
 
 }  // namespace cpu_dist::ps

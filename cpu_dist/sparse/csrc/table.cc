@@ -48,6 +48,15 @@ void ShardTable::init_row(int64_t key, float* out) const {
 }
 
 uint32_t ShardTable::insert_row(Stripe& s, int64_t key) {
+  const uint32_t slot = free_slot(s);
+  s.index.emplace(key, slot);  // may throw: then the slot stays free
+  ++s.used_in_last;
+  init_row(key, row_ptr(s, slot));
+  *state_ptr(s, slot) = 0.0f;
+  return slot;
+}
+
+uint32_t ShardTable::free_slot(Stripe& s) const {
   if (s.blocks.empty() || s.used_in_last == block_rows(s.blocks.size() - 1)) {
     if (s.blocks.size() >= max_blocks_)  // the slot's block index would wrap
       throw TableFull(absl::StrCat("table stripe full: ", s.index.size(), " rows in ",
@@ -59,13 +68,7 @@ uint32_t ShardTable::insert_row(Stripe& s, int64_t key) {
     s.blocks.push_back(std::move(b));  // owned before push_back can throw: no leak
     s.used_in_last = 0;
   }
-  const uint32_t slot =
-      (static_cast<uint32_t>(s.blocks.size() - 1) << 16) | s.used_in_last;
-  s.index.emplace(key, slot);  // may throw: then the slot stays free
-  ++s.used_in_last;
-  init_row(key, row_ptr(s, slot));
-  *state_ptr(s, slot) = 0.0f;
-  return slot;
+  return (static_cast<uint32_t>(s.blocks.size() - 1) << 16) | s.used_in_last;
 }
 
 void ShardTable::group_by_stripe(const int64_t* keys, size_t n, std::vector<uint32_t>& order,
@@ -172,6 +175,67 @@ TableDump ShardTable::dump() const {
     d.state[i] = *state_ptr(st, refs[i].slot);
   }
   return d;
+}
+
+void ShardTable::with_snapshot(
+    const std::function<void(const std::vector<RowRef>&)>& fn) const {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(stripes_.size());
+  size_t n = 0;
+  for (const auto& st : stripes_) {
+    locks.emplace_back(st.mu);
+    n += st.index.size();
+  }
+  std::vector<RowRef> refs;
+  refs.reserve(n);
+  for (const auto& st : stripes_)
+    for (const auto& [k, slot] : st.index)
+      refs.push_back({k, row_ptr(st, slot), *state_ptr(st, slot)});
+  fn(refs);
+}
+
+std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows) const {
+  auto st = std::make_unique<Staged>(stripes_.size());
+  const size_t per = expected_rows / stripes_.size();
+  for (Stripe& s : st->stripes) s.index.reserve(per + per / 16 + 16);
+  return st;
+}
+
+void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* values,
+                            const float* state, size_t n) const {
+  // One stripe at a time: its index stays in cache while it grows.
+  std::vector<uint32_t> order, starts;
+  group_by_stripe(keys, n, order, starts);
+  constexpr size_t kAhead = 8;
+  for (size_t s = 0; s < staged.stripes.size(); ++s) {
+    Stripe& st = staged.stripes[s];
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      if (j + kAhead < starts[s + 1])
+        __builtin_prefetch(values + size_t{order[j + kAhead]} * dim_);
+      const size_t i = order[j];
+      const uint32_t slot = free_slot(st);
+      if (!st.index.emplace(keys[i], slot).second)
+        throw std::invalid_argument(absl::StrCat("duplicate key ", keys[i]));
+      ++st.used_in_last;
+      std::memcpy(row_ptr(st, slot), values + i * dim_, dim_ * sizeof(float));
+      *state_ptr(st, slot) = state[i];
+    }
+  }
+  staged.rows += n;
+}
+
+void ShardTable::adopt(Staged& staged) {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(stripes_.size());
+  for (auto& st : stripes_) locks.emplace_back(st.mu);
+  size_t old_rows = 0;
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    old_rows += stripes_[s].index.size();
+    std::swap(stripes_[s].index, staged.stripes[s].index);
+    std::swap(stripes_[s].blocks, staged.stripes[s].blocks);
+    std::swap(stripes_[s].used_in_last, staged.stripes[s].used_in_last);
+  }
+  staged.rows = old_rows;
 }
 
 uint64_t ShardTable::rows() const {

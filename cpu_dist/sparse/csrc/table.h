@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -56,6 +57,26 @@ class ShardTable {
   // Every row, sorted by key, with its accumulator.
   TableDump dump() const;
 
+  // A row as seen inside with_snapshot: pointers into the table.
+  struct RowRef {
+    int64_t key;
+    const float* values;
+    float state;
+  };
+  // Runs fn over every row with every stripe locked: a consistent snapshot (pulls and
+  // updates wait meanwhile).  The pointers are valid only inside fn, which must not call
+  // back into the table.
+  void with_snapshot(const std::function<void(const std::vector<RowRef>&)>& fn) const;
+
+  // Rows built aside from the live table, then swapped in at once: how a checkpoint is
+  // loaded all or nothing.  stage_rows may throw (a duplicate key, TableFull, bad_alloc);
+  // the live table is untouched until adopt(), which cannot fail.
+  class Staged;
+  std::unique_ptr<Staged> new_staged(size_t expected_rows) const;
+  void stage_rows(Staged& st, const int64_t* keys, const float* values, const float* state,
+                  size_t n) const;
+  void adopt(Staged& st);  // the live rows become st's (and st holds the old ones)
+
   uint64_t rows() const;
   // Bytes held by rows, accumulators and index (capacity, not just what is in use).
   uint64_t bytes() const;
@@ -87,6 +108,9 @@ class ShardTable {
   float* state_ptr(const Stripe& s, uint32_t slot) const;
   // Caller holds s.mu; key is absent.  Throws TableFull or std::bad_alloc.
   uint32_t insert_row(Stripe& s, int64_t key);
+  // The next free slot of s (allocating a block when needed), not yet taken: the caller
+  // takes it with ++s.used_in_last.  Throws TableFull or std::bad_alloc.
+  uint32_t free_slot(Stripe& s) const;
   // order[] gets the indices 0..n-1 grouped by stripe; starts[s]..starts[s+1] is stripe s.
   void group_by_stripe(const int64_t* keys, size_t n, std::vector<uint32_t>& order,
                        std::vector<uint32_t>& starts) const;
@@ -97,5 +121,16 @@ class ShardTable {
   const uint32_t max_blocks_;
   std::vector<Stripe> stripes_;
 };
+
+class ShardTable::Staged {
+ public:
+  explicit Staged(size_t num_stripes) : stripes(num_stripes) {}
+  size_t rows = 0;
+
+ private:
+  friend class ShardTable;
+  std::vector<Stripe> stripes;
+};
+
 
 }  // namespace cpu_dist::ps

@@ -10,6 +10,7 @@ namespace cpu_dist::python {
 
 namespace {
 
+constexpr double kCheckpointTimeoutS = 600.0;  // large tables take a while to write
 using ps::AsyncOp;
 using ps::OptimizerKind;
 using ps::PsClient;
@@ -228,6 +229,42 @@ void bind_client(py::module_& m) {
            })
       .def("shutdown", &PsClient::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Ask every shard to drain and stop.")
+      .def(
+          "save",
+          [](PsClient& c, const std::vector<std::string>& paths, int64_t step,
+             std::optional<uint64_t> session, int64_t session_step,
+             std::optional<double> timeout_s) {
+            std::vector<ps::SaveResponse> r;
+            {
+              py::gil_scoped_release release;
+              r = c.save(paths, step, session.has_value(), session.value_or(0), session_step,
+                         timeout_s.value_or(kCheckpointTimeoutS));
+            }
+            py::list out;
+            for (const auto& s : r) out.append(message_to_dict(s));
+            return out;
+          },
+          py::arg("paths"), py::arg("step"), py::arg("session") = py::none(),
+          py::arg("session_step") = -1, py::arg("timeout_s") = py::none(),
+          "Shard i writes paths[i] (relative to its checkpoint directory); with `session`, "
+          "only if that session committed exactly `session_step`.  One dict per shard.")
+      .def(
+          "load",
+          [](PsClient& c, const std::vector<std::string>& paths, const std::vector<uint64_t>& sizes,
+             const std::vector<uint32_t>& checksums, std::optional<double> timeout_s) {
+            std::vector<ps::LoadResponse> r;
+            {
+              py::gil_scoped_release release;
+              r = c.load(paths, sizes, checksums, timeout_s.value_or(kCheckpointTimeoutS));
+            }
+            py::list out;
+            for (const auto& s : r) out.append(message_to_dict(s));
+            return out;
+          },
+          py::arg("paths"), py::arg("sizes") = std::vector<uint64_t>{},
+          py::arg("checksums") = std::vector<uint32_t>{}, py::arg("timeout_s") = py::none(),
+          "Every shard replaces its table by the rows it owns in `paths` (all shard files of "
+          "one checkpoint), after checking them all.  One dict per shard.")
       .def("dump", [](PsClient& c) {
         ps::TableDump d;
         {

@@ -16,7 +16,7 @@ void bind_server(py::module_& m) {
       .def(py::init([](uint32_t dim, std::string token, float init_scale, std::string host,
                        int port, std::string table, uint64_t seed, uint32_t shard_index,
                        uint32_t num_shards, int64_t max_message_bytes,
-                       uint32_t max_blocks_per_stripe) {
+                       uint32_t max_blocks_per_stripe, std::string checkpoint_dir) {
              if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
                throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                                      std::to_string(max_message_bytes));
@@ -37,13 +37,14 @@ void bind_server(py::module_& m) {
                throw py::value_error("max_blocks_per_stripe must be in 1..65536, got " +
                                      std::to_string(max_blocks_per_stripe));
              o.max_blocks_per_stripe = max_blocks_per_stripe;
+             o.checkpoint_dir = std::move(checkpoint_dir);
              return ServerHolder(new PsServer(std::move(o)));
            }),
            py::arg("dim"), py::arg("token"), py::kw_only(), py::arg("init_scale"),
            py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("table") = "embedding",
            py::arg("seed") = 0, py::arg("shard_index") = 0, py::arg("num_shards") = 1,
            py::arg("max_message_bytes") = int64_t{64} << 20,
-           py::arg("max_blocks_per_stripe") = 65536u)
+           py::arg("max_blocks_per_stripe") = 65536u, py::arg("checkpoint_dir") = "")
       .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
            "Bind and serve; returns the bound port.")
       .def_property_readonly("port", &PsServer::port)

@@ -1,0 +1,129 @@
+"""The Python side of checkpoints: manifest, choice of the newest complete checkpoint, file
+checks, pruning, and worker 0's dense state (parameters, AdamW state, RNG) bit for bit."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from cpu_dist.checkpoint.dense_state import load_dense, save_dense
+from cpu_dist.checkpoint.manifest import (CheckpointError, FileEntry, Manifest, check_files,
+                                          check_matches, find_latest, prune, read_manifest,
+                                          step_dir_name)
+
+
+def make(root, step: int, write_manifest: bool = True) -> Manifest:
+    d = root / step_dir_name(step)
+    d.mkdir(parents=True)
+    (d / "shard-00000-of-00001.bin").write_bytes(b"x" * 10)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    dense = save_dense(d / "dense.pt", model, opt, step)
+    m = Manifest(step=step, table="embedding", dim=8, num_shards=1,
+                 shards=[FileEntry("shard-00000-of-00001.bin", 10, 123, 1)], dense=dense,
+                 config={"embedding_dim": 8, "dense_optimizer": "adamw"})
+    if write_manifest:
+        m.write(d)
+    m.path = d
+    return m
+
+
+def test_newest_complete_checkpoint_is_chosen(tmp_path):
+    assert find_latest(tmp_path / "none") is None
+    make(tmp_path, 4)
+    make(tmp_path, 9)
+    make(tmp_path, 14, write_manifest=False)  # unfinished: ignored
+    m = find_latest(tmp_path)
+    assert m.step == 9 and m.path.name == "step-00000009"
+    check_files(m)
+    check_matches(m, dim=8, table="embedding", config={"embedding_dim": 8,
+                                                        "dense_optimizer": "adamw"},
+                  must_match=("embedding_dim", "dense_optimizer"))
+    assert prune(tmp_path, 1) == [tmp_path / "step-00000004"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000009", "step-00000014"]
+    make(tmp_path, 19)
+    prune(tmp_path, 1)  # the unfinished 14 is older than the newest complete: removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000019"]
+
+
+def test_every_problem_names_the_file(tmp_path):
+    m = make(tmp_path, 3)
+    mf = m.path / "manifest.json"
+    with pytest.raises(CheckpointError, match="--dense-optimizer 'adamw' in the checkpoint, "
+                                              "'sgd' in this job"):
+        check_matches(m, dim=8, table="embedding", config={"dense_optimizer": "sgd"},
+                      must_match=("dense_optimizer",))
+    with pytest.raises(CheckpointError, match=f"{mf}: embedding dim 8, this job has dim 4"):
+        check_matches(m, dim=4, table="embedding", config={}, must_match=())
+    with pytest.raises(CheckpointError, match=f"{mf}: table 'embedding', this job trains 't'"):
+        check_matches(m, dim=8, table="t", config={}, must_match=())
+    shard = m.path / "shard-00000-of-00001.bin"
+    shard.write_bytes(b"x" * 9)
+    with pytest.raises(CheckpointError, match=f"{shard}: truncated \\(9 bytes, the manifest "
+                                              "says 10\\)"):
+        check_files(m)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"{shard}: missing"):
+        check_files(m)
+    shard.write_bytes(b"x" * 10)
+    dense = m.path / "dense.pt"
+    raw = bytearray(dense.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    dense.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=f"{dense}: corrupt \\(crc32"):
+        check_files(m)
+    good = mf.read_text()
+    for text, msg in [("{oops", "corrupt manifest"),
+                      (good.replace('"format_version": 1', '"format_version": 2'),
+                       "format version 2, this build reads version 1"),
+                      (json.dumps({**json.loads(good), "num_shards": 2}), "1 shard files for "
+                                                                          "num_shards 2"),
+                      (good.replace("shard-00000-of-00001.bin", "../../etc/passwd"),
+                       "file name")]:
+        mf.write_text(text)
+        with pytest.raises(CheckpointError, match=msg) as ei:
+            read_manifest(m.path)
+        assert str(mf) in str(ei.value)
+        with pytest.raises(CheckpointError):
+            find_latest(tmp_path)  # a damaged manifest is an error, not a reason to go back
+
+
+def test_dense_state_round_trip_is_bit_exact(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    x = torch.randn(16, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    np.random.seed(5)
+    random.seed(6)
+    save_dense(tmp_path / "d.pt", model, opt, 2)
+    want_next = (torch.rand(3), np.random.rand(3), random.random())
+
+    def step_all(m, o):
+        o.zero_grad()
+        m(x).pow(2).mean().backward()
+        o.step()
+        return [p.detach().clone() for p in m.parameters()]
+    want = step_all(model, opt)
+
+    torch.manual_seed(99)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    other_opt = torch.optim.AdamW(other.parameters(), lr=0.01)
+    load_dense(tmp_path / "d.pt", other, other_opt, 2)
+    got_next = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(want_next[0], got_next[0])
+    np.testing.assert_array_equal(want_next[1], got_next[1])
+    assert want_next[2] == got_next[2]
+    for a, b in zip(step_all(other, other_opt), want):
+        assert torch.equal(a, b)  # same parameters after one more AdamW step: state restored
+    with pytest.raises(CheckpointError, match="holds step 2, the manifest says 5"):
+        load_dense(tmp_path / "d.pt", other, other_opt, 5)
+    wrong = torch.nn.Linear(4, 2)
+    with pytest.raises(CheckpointError, match="dense parameters do not match"):
+        load_dense(tmp_path / "d.pt", wrong, torch.optim.SGD(wrong.parameters(), lr=1), 2)

@@ -1,0 +1,120 @@
+"""Checkpoints under real mpirun jobs: a resumed run ends with the same bits as one that was
+never interrupted -- into another shard count (1 -> 3 -> 1), and after a kill -9 -- and a bad
+checkpoint stops the job with a message naming the file."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jobctl import Job
+from launch import SMALL, mpirun, train
+
+pytestmark = pytest.mark.timeout(400)
+# Adaptive optimizers on both sides, so optimizer state must survive the restart too.
+OPT = ["--dense-optimizer", "adamw", "--sparse-optimizer", "rowwise_adagrad"]
+
+
+def ckpt(d: Path, every: int) -> list[str]:
+    return ["--checkpoint-dir", str(d), "--checkpoint-every", str(every)]
+
+
+def assert_bits_equal(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def steps_in(d: Path) -> list[int]:
+    return sorted(json.loads(m.read_text())["step"] for m in d.glob("step-*/manifest.json"))
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """Uninterrupted runs, 20 and 30 steps (W=2, P=1)."""
+    tmp = tmp_path_factory.mktemp("full")
+    return {n: train(tmp, f"full{n}", 2, 1, [*OPT, "--max_step", str(n)]) for n in (20, 30)}
+
+
+def test_resume_across_shard_counts_gives_the_same_bits(full, tmp_path):
+    d = tmp_path / "ck"
+    # 1 shard: steps 0..11, checkpoints after steps 4 and 9 (and a resume stops at 9)
+    train(tmp_path, "a", 2, 1, [*OPT, "--max_step", "12", *ckpt(d, 5)])
+    assert steps_in(d) == [4, 9]
+    # 3 shards: resume at step 10, run to 16, checkpoint after 14 (rows re-partitioned 1 -> 3)
+    train(tmp_path, "b", 2, 3, [*OPT, "--max_step", "16", "--resume", *ckpt(d, 5)])
+    assert steps_in(d) == [9, 14]  # --checkpoint-keep 2
+    manifest = json.loads((d / "step-00000014" / "manifest.json").read_text())
+    assert manifest["num_shards"] == 3 and len(manifest["shards"]) == 3
+    # 1 shard again: resume at 15 (3 -> 1), run to 20
+    got = train(tmp_path, "c", 2, 1, [*OPT, "--max_step", "20", "--resume",
+                                      "--checkpoint-dir", str(d)])
+    assert_bits_equal(got, full[20])
+
+
+def test_resume_after_kill_gives_the_same_bits(full, tmp_path):
+    d = tmp_path / "ck"
+    job = Job(3, ["--worker-num", "2", *SMALL, *OPT, "--max_step", "100000", *ckpt(d, 3)],
+              tmp_path / "killed.jsonl")
+    try:
+        job.wait_for_steps(8, timeout=120)
+        job.kill_rank(2)  # the PS shard
+        rc, _, err = job.finish(timeout=90)
+    finally:
+        job.kill_all()
+    assert rc != 0
+    done = steps_in(d)
+    assert done and done[-1] < 29, done
+    got = train(tmp_path, "resumed", 2, 1, [*OPT, "--max_step", "30", "--resume",
+                                            "--checkpoint-dir", str(d)])
+    assert_bits_equal(got, full[30])
+
+
+def test_bad_checkpoints_stop_the_job_naming_the_file(tmp_path):
+    d = tmp_path / "ck"
+    train(tmp_path, "a", 1, 1, ["--max_step", "4", *ckpt(d, 4)])
+    step = d / "step-00000003"
+    shard = step / "shard-00000-of-00001.bin"
+    good = shard.read_bytes()
+
+    def resume(extra=()) -> str:
+        proc = mpirun(2, ["--worker-num", "1", *SMALL, "--max_step", "6", "--resume",
+                          "--checkpoint-dir", str(d), *extra], timeout=120)
+        assert proc.returncode != 0, proc.stdout[-2000:]
+        assert "step 4" not in proc.stdout  # no training happened
+        return proc.stderr
+
+    shard.write_bytes(good[:-50])
+    err = resume()
+    assert f"checkpoint {shard}: truncated" in err, err[-3000:]
+    shard.write_bytes(good)
+    err = resume(["--embedding-dim", "16", "--arch-mlp-bot", "16-16"])
+    assert f"checkpoint {step / 'manifest.json'}: embedding dim 8, this job has dim 16" in err
+    # (flipped bytes, other versions, dense-file damage: cpu_dist/checkpoint/tests)
+    (step / "manifest.json").write_text("{not json")
+    err = resume()
+    assert f"checkpoint {step / 'manifest.json'}: corrupt manifest" in err, err[-3000:]
+    # An unfinished checkpoint (no manifest) is ignored: resume starts over.
+    shutil.rmtree(step)
+    (d / "step-00000005").mkdir()
+    proc = mpirun(2, ["--worker-num", "1", *SMALL, "--max_step", "2", "--resume",
+                      "--checkpoint-dir", str(d)], timeout=120)
+    assert proc.returncode == 0 and "no complete checkpoint" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("prescan", [False, True])
+def test_resume_with_the_cache_stage(tmp_path, prescan):
+    """--read-mode bagpipe: the caches start empty after a restore, and the run still ends
+    with the bits of an uninterrupted cached run."""
+    cache = ["--read-mode", "bagpipe", "--optimization-cache-capacity", "4",
+             *(["--optimization-prescan"] if prescan else [])]
+    want = train(tmp_path, "full", 2, 1, [*cache, "--max_step", "16"])
+    d = tmp_path / "ck"
+    train(tmp_path, "a", 2, 1, [*cache, "--max_step", "10", *ckpt(d, 7)])
+    assert steps_in(d) == [6]
+    got = train(tmp_path, "b", 2, 1, [*cache, "--max_step", "16", "--resume",
+                                      "--checkpoint-dir", str(d)])
+    assert_bits_equal(got, want)
