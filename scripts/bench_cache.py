@@ -32,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.data import make_dataset  # noqa: E402
 from gpu_cache import scan_trace  # noqa: E402
 from gpu_cache._metadata import BagPipeCacheMetadata  # noqa: E402
@@ -104,9 +105,7 @@ def trace_part(args) -> tuple[dict, int]:
 
 def run(args, name: str, extra: list[str]) -> dict:
     out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_oob_tcp_if_include": "lo",
-           "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    env = mpi_env()  # scripts/env.sh, as users run
     cmd = ["mpirun", "-np", "3", sys.executable, str(ROOT / "launcher.py"), "--worker-num", "2",
            "--batch-size", str(args.batch_size), "--max_step", str(args.steps),
            "--lr", "0.1", "--eval-every", "0", "--eval-batches", "1", "--no-progress",

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cpu_dist.common.config import mlp_widths  # noqa: E402
+from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.data import make_dataset, train_batches  # noqa: E402
 from cpu_dist.models.dlrm import build_dlrm  # noqa: E402
 
@@ -70,9 +71,7 @@ def run_torch(args) -> dict:
 
 def run_ours(args, name: str, workers: int, extra: list[str]) -> dict:
     out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_oob_tcp_if_include": "lo",
-           "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    env = mpi_env()  # scripts/env.sh, as users run
     cmd = ["mpirun", "-np", str(workers + 1), sys.executable, str(ROOT / "launcher.py"),
            "--worker-num", str(workers), "--batch-size", str(args.batch_size),
            "--max_step", str(args.steps), "--embedding-dim", str(args.dim),

@@ -6,6 +6,9 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # Keep MPI's own traffic on loopback for single-node runs (override for multi-node jobs).
 export OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-lo}"
 export OMPI_MCA_btl_tcp_if_include="${OMPI_MCA_btl_tcp_if_include:-lo}"
+# No binding: workers share the node's cores among themselves (cpu_dist/common/threads.py)
+# and PS ranks serve from gRPC threads; pinning each rank to one core would idle the rest.
+export OMPI_MCA_hwloc_base_binding_policy="${OMPI_MCA_hwloc_base_binding_policy:-none}"
 # A rank waiting in MPI should yield its core to the PS threads beside it.
 export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
 # glibc: keep large reply buffers out of fresh mmap/munmap on every call (PLATFORM.md).

@@ -7,6 +7,7 @@ import re
 import sys
 
 from cpu_dist.common.config import parse_ps_list
+from cpu_dist.common.threads import share_cores, workers_on_this_node
 from cpu_dist.common.mpi_context import (Roles, exchange_ps_addresses, ps_listen_host,
                                          share_job_secret, wait_all)
 from cpu_dist.sparse import PSError
@@ -47,8 +48,10 @@ def run_job(args: argparse.Namespace, roles: Roles) -> int:
             print("cpu_dist: --ps-type RDMA on a single node: using the local gRPC backend",
                   file=sys.stderr, flush=True)
 
+    local_workers = workers_on_this_node(roles.world, roles.is_worker)
     if roles.is_worker:
         from cpu_dist.train.loop import train_worker
+        share_cores(local_workers)
         addresses = ps_list if external else exchange_ps_addresses(roles, None, None)
         try:
             train_worker(args, roles, token, session, addresses, stop_shards=not external)

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cpu_dist.common.launch_env import mpi_env
+
 ROOT = Path(__file__).resolve().parents[2]
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1",
-    "PYTHONUNBUFFERED": "1",
-}
+MPI_ENV = {**mpi_env(), "PYTHONUNBUFFERED": "1"}  # this environment + scripts/env.sh
 # A small model so a 20-step run takes seconds on two cores.
 SMALL = ["--embedding-dim", "8", "--arch-mlp-bot", "16-8", "--arch-mlp-top", "16-1",
          "--batch-size", "96", "--max_step", "20", "--lr", "0.1", "--no-progress",
