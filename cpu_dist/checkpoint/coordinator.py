@@ -23,7 +23,7 @@ from mpi4py import MPI
 from cpu_dist.common.mpi_context import wait_all
 
 from . import dense_state
-from .manifest import (DENSE, CheckpointError, FileEntry, Manifest, check_files, check_matches,
+from .manifest import (DENSE, FileEntry, Manifest, check_files, check_matches,
                        find_latest, prune, shard_file_name, step_dir_name)
 
 # Flags a resumed job must share with the checkpoint: they decide what the saved state means.

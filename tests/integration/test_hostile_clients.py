@@ -10,23 +10,20 @@ proto/ps.proto (grpcio; stubs generated into a temp dir at test time).
 from __future__ import annotations
 
 import collections
-import importlib
 import os
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
+from cpu_dist.sparse.grpc_stubs import generate
 from cpu_dist.sparse import Client, Server
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "fuzz-token-0123456789abcdef"
 DIM = 4
 LIMIT = 256 << 10
-PROTO = Path(__file__).resolve().parents[2] / "proto" / "ps.proto"
 METHOD = "/cpu_dist.ps.ParameterServer/"
 FUZZ_REQUESTS = int(os.environ.get("CPU_DIST_FUZZ_REQUESTS", "1000"))
 METHODS = ["Pull", "Push", "Commit", "WaitCommitted", "CloseSession", "Stats", "Health", "Dump",
@@ -35,16 +32,7 @@ METHODS = ["Pull", "Push", "Commit", "WaitCommitted", "CloseSession", "Stats", "
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    from grpc_tools import protoc
-    out = tmp_path_factory.mktemp("ps_proto_fuzz")
-    rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", str(PROTO)])
-    assert rc == 0, "protoc failed"
-    sys.path.insert(0, str(out))
-    try:
-        return importlib.import_module("ps_pb2")
-    finally:
-        sys.path.remove(str(out))
+    return generate(tmp_path_factory.mktemp("ps_proto_fuzz"))[0]
 
 
 @pytest.fixture

@@ -2,17 +2,14 @@
 (generated from proto/ps.proto at test time) to send requests our client refuses to build."""
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cpu_dist.sparse import Client, Server
+from cpu_dist.sparse.grpc_stubs import generate
 
 TOKEN = "test-token"
-PROTO = Path(__file__).resolve().parents[3] / "proto" / "ps.proto"
 
 
 class Cluster:
@@ -58,17 +55,7 @@ def cluster_factory():
 @pytest.fixture(scope="session")
 def pb(tmp_path_factory):
     """(ps_pb2, ps_pb2_grpc) generated from proto/ps.proto into a temp dir."""
-    from grpc_tools import protoc
-
-    out = tmp_path_factory.mktemp("ps_proto")
-    rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", str(PROTO)])
-    assert rc == 0, "protoc failed"
-    sys.path.insert(0, str(out))
-    try:
-        return importlib.import_module("ps_pb2"), importlib.import_module("ps_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
+    return generate(tmp_path_factory.mktemp("ps_proto"))
 
 
 def rng_grads(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
