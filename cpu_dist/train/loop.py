@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from cpu_dist.models.embedding import ShardedEmbedding
 from cpu_dist.sparse import Client
 from cpu_dist.train import metrics
 from cpu_dist.train.ps_rank import TABLE
+from cpu_dist.train.row_prefetch import SplitPull
 from cpu_dist.train.sparse_updates import SparseUpdater
 
 PHASES = ("data", "pull", "forward", "backward", "allreduce", "optimizer", "push", "commit_wait")
@@ -56,9 +58,12 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     broadcast_parameters(model, comm)
     buckets = GradientBuckets(model.dense_parameters(), comm)
     optimizer = make_dense_optimizer(args.dense_optimizer, model.dense_parameters(), args.lr)
+    # Pipelined, uncached: step t+1's rows that step t did not write are pulled early.
+    split_pull = args.sparse_sync == "pipelined" and args.read_mode != "bagpipe"
     updater = SparseUpdater(client, comm, session, lr=args.sparse_lr,
                             optimizer=args.sparse_optimizer, aggregation=args.aggregation,
-                            sync=args.sparse_sync, timeout_s=args.rpc_timeout)
+                            sync=args.sparse_sync, timeout_s=args.rpc_timeout,
+                            track_written=split_pull)
     checkpointer = Checkpointer(args, comm, client, model, optimizer, updater, TABLE)
     start = checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
     updater.start_at(start)
@@ -69,25 +74,36 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     loss_fn = torch.nn.BCEWithLogitsLoss()
     timer = metrics.PhaseTimer()
     log = metrics.RunLog(args.metrics_out if chief else None, args.tensorboard if chief else None)
-    bar = metrics.progress(args.max_step, enabled=chief and not args.no_progress)
+    bar = metrics.progress(args.max_step, enabled=chief and not args.no_progress, initial=start)
     bytes_pulled = 0
     last_step = start - 1
     window_t0, window_samples = time.perf_counter(), 0
     run_t0 = time.perf_counter()
 
     batches = train_batches(dataset, args.batch_size, start)
+
+    def next_batch():
+        """This worker's slice of the next global batch, or None when a finite file ends."""
+        item = next(batches, None)
+        if item is None:  # every worker reads the same file, so all stop at the same step
+            return None
+        batch = item[1].shard(rank, world)
+        keys = torch.from_numpy(batch.keys)
+        return (keys, embedding.unique_keys(keys), torch.from_numpy(batch.dense).to(dtype),
+                torch.from_numpy(batch.labels).to(dtype))
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="row-prefetch") if split_pull else None
+    ahead = None     # the next step's batch when it was read during this step
+    early = None     # its SplitPull
     steps = args.max_step
     for step in range(start, args.max_step):
         with timer("data"):
-            item = next(batches, None)
-            if item is None:  # a finite file ran out; every worker reads the same file
+            prepared = ahead if ahead is not None else next_batch()
+            ahead = None
+            if prepared is None:
                 steps = step
                 break
-            batch = item[1].shard(rank, world)
-            keys = torch.from_numpy(batch.keys)
-            unique = embedding.unique_keys(keys)
-            dense = torch.from_numpy(batch.dense).to(dtype)
-            labels = torch.from_numpy(batch.labels).to(dtype)
+            keys, unique, dense, labels = prepared
         if reader is not None:  # the cache waits only for the commits its misses depend on
             with timer("pull"):
                 rows = reader.read(step, unique)
@@ -96,7 +112,8 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
             with timer("commit_wait"):
                 updater.wait_readable(step)
             with timer("pull"):
-                rows = torch.from_numpy(client.pull(unique))
+                rows = torch.from_numpy(early.finish() if early is not None else client.pull(unique))
+                early = None
                 bytes_pulled += unique.nbytes + rows.numel() * 4
         with timer("forward"):
             buckets.zero()
@@ -109,6 +126,11 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
             updater.submit(step, sparse_keys, sparse_grads)
             if reader is not None:
                 reader.on_submit(step, sparse_keys, sparse_grads)
+        if split_pull and step + 1 < args.max_step:
+            with timer("data"):
+                ahead = next_batch()
+            if ahead is not None:
+                early = SplitPull(client, pool, ahead[1], updater.written, args.rpc_timeout)
         with timer("allreduce"):
             buckets.allreduce_mean()
         with timer("optimizer"):
@@ -135,6 +157,8 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.max_step:
             _evaluate(args, model, embedding, dataset, updater, comm, step + 1, log, dtype)
     bar.close()
+    if pool is not None:
+        pool.shutdown(wait=True)
     with timer("commit_wait"):
         updater.finish(last_step)
     if reader is not None:

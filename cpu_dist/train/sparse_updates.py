@@ -25,7 +25,7 @@ from cpu_dist.sparse import Client, Handle
 class SparseUpdater:
     def __init__(self, client: Client, comm: MPI.Intracomm, session: int, *, lr: float,
                  optimizer: str, aggregation: str = "ps", sync: str = "pipelined",
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, track_written: bool = False) -> None:
         if aggregation not in ("ps", "collective"):
             raise ValueError(f"aggregation {aggregation!r}: expected ps or collective")
         if sync not in ("pipelined", "barrier"):
@@ -42,6 +42,10 @@ class SparseUpdater:
         self.exchange_s = 0.0      # collective mode: id exchange and gradient all-reduce
         self.payload_bytes = 0     # gradient bytes this worker sent to the PS
         self.rows_sent = 0
+        # Sorted keys every worker wrote in the last submitted step (track_written): the rows
+        # a pull of the next step must wait for; all others may be read before that commit.
+        self.track_written = track_written
+        self.written: np.ndarray | None = None
 
     # -- submit -----------------------------------------------------------------------
     def submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
@@ -50,6 +54,11 @@ class SparseUpdater:
         if self.aggregation == "collective":
             t0 = time.perf_counter()
             keys, grads = self._allreduce_rows(keys, grads)
+            self.written = self.last_reduced[0]
+            self.exchange_s += time.perf_counter() - t0
+        elif self.track_written:
+            t0 = time.perf_counter()
+            self.written = self._gather_keys(keys)
             self.exchange_s += time.perf_counter() - t0
         self.payload_bytes += keys.nbytes + grads.nbytes
         self.rows_sent += len(keys)
@@ -64,11 +73,15 @@ class SparseUpdater:
         else:
             self.pending = (step, self.client.commit_async(*args))
 
-    def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _gather_keys(self, keys: np.ndarray) -> np.ndarray:
+        """The sorted union of every worker's keys (the step's id metadata exchange)."""
         counts = np.array(self.comm.allgather(len(keys)), dtype=np.int64)
         all_keys = np.empty(int(counts.sum()), dtype=np.int64)
         self.comm.Allgatherv(np.ascontiguousarray(keys, dtype=np.int64), [all_keys, counts])
-        union = np.unique(all_keys)
+        return np.unique(all_keys)
+
+    def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        union = self._gather_keys(keys)
         summed = np.zeros((len(union), grads.shape[1]), dtype=np.float32)
         summed[np.searchsorted(union, keys)] = grads
         self.comm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
