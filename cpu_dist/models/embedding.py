@@ -39,6 +39,7 @@ class ShardedEmbedding(nn.Module):
         self.dim = int(dim)
         self.dtype = dtype
         self._keys: np.ndarray | None = None
+        self._planned: tuple | None = None  # (keys, version, unique, inverse) of unique_keys()
         self._rows: torch.Tensor | None = None
 
     @staticmethod
@@ -48,8 +49,20 @@ class ShardedEmbedding(nn.Module):
         return torch.unique(keys.reshape(-1), sorted=True, return_inverse=return_inverse)
 
     def unique_keys(self, keys: torch.Tensor | np.ndarray) -> np.ndarray:
-        """The sorted unique keys a forward on ``keys`` will pull (so a trainer can pull ahead)."""
-        return self._unique(torch.as_tensor(keys), False).numpy()
+        """The sorted unique keys a forward on ``keys`` will pull (so a trainer can pull ahead).
+
+        The result is remembered for this very tensor (unless it is modified in place), so the
+        forward that follows does not sort the batch's keys a second time."""
+        keys = torch.as_tensor(keys)
+        uniq, inverse = self._unique(keys, True)
+        self._planned = (keys, keys._version, uniq, inverse)
+        return uniq.numpy()
+
+    def _unique_of(self, keys: torch.Tensor):
+        planned = self._planned
+        if planned is not None and planned[0] is keys and planned[1] == keys._version:
+            return planned[2], planned[3]
+        return self._unique(keys, True)
 
     def forward(self, keys: torch.Tensor, rows: torch.Tensor | np.ndarray | None = None) -> torch.Tensor:
         """``keys [B, F]`` int64 -> ``[B, F, dim]`` in ``self.dtype``.
@@ -58,7 +71,7 @@ class ShardedEmbedding(nn.Module):
         (already pulled by the caller); otherwise they are pulled from the store here.
         """
         keys = torch.as_tensor(keys)
-        uniq, inverse = self._unique(keys, True)
+        uniq, inverse = self._unique_of(keys)
         uniq_np = uniq.numpy()
         if rows is None:
             rows = self.store.pull(uniq_np)

@@ -112,3 +112,20 @@ def test_errors_are_clear():
     with pytest.raises(TypeError, match="int64"):
         emb(_keys().to(torch.int32))
     assert list(emb.parameters()) == []
+
+
+def test_unique_keys_plan_is_reused_only_for_the_same_unmodified_tensor():
+    emb = ShardedEmbedding(DictStore(DIM), DIM)
+    keys = torch.tensor([[5, 3], [3, 9]])
+    assert emb.unique_keys(keys).tolist() == [3, 5, 9]
+    calls = []
+    plain = emb._unique
+    emb._unique = lambda k, inv: calls.append(1) or plain(k, inv)
+    emb(keys)
+    assert calls == []          # the forward used the plan made by unique_keys()
+    emb(torch.tensor([[5, 3], [3, 9]]))
+    assert calls == [1]         # another tensor, even with equal values: sorted again
+    keys[0, 0] = 7              # modified in place: the plan no longer applies
+    emb(keys)
+    assert calls == [1, 1]
+    assert emb._keys.tolist() == [3, 7, 9]
