@@ -18,6 +18,8 @@ from typing import Iterable
 
 import numpy as np
 
+from cpu_dist.common.mpi_context import allgather_keys
+
 # Score of a row with no use inside the plan window: below every real "minus next use".
 FAR = np.iinfo(np.int64).min // 4
 
@@ -32,14 +34,6 @@ class StepPlan:
     # Per own key: the last earlier step whose commit changed it (-1: none), known from the
     # prescan; None online (the controller then records updates in the metadata).
     prev: np.ndarray | None = None
-
-
-def _allgather_keys(comm, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """All workers' key arrays concatenated in rank order, and each worker's count."""
-    counts = np.array(comm.allgather(len(keys)), dtype=np.int64)
-    out = np.empty(int(counts.sum()), dtype=np.int64)
-    comm.Allgatherv(np.ascontiguousarray(keys, dtype=np.int64), [out, counts])
-    return out, counts
 
 
 def _union_and_shared(all_keys: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +81,7 @@ class OnlinePlanner:
         if self.comm.Get_size() == 1:
             union, shared = keys, np.zeros(len(keys), dtype=bool)
         else:
-            all_keys, _ = _allgather_keys(self.comm, keys)
+            all_keys = allgather_keys(self.comm, keys)
             self.ids_exchanged += len(all_keys)
             union, shared = _union_and_shared(all_keys, keys)
         self.exchange_s += time.perf_counter() - t0
@@ -125,7 +119,7 @@ class PrescanPlanner:
         flat = np.concatenate(own) if own else np.zeros(0, dtype=np.int64)
         world = comm.Get_size()
         if world > 1:  # one exchange for the whole run: every worker's trace, then its lengths
-            all_flat, _ = _allgather_keys(comm, flat)
+            all_flat = allgather_keys(comm, flat)
             all_lengths = np.asarray(comm.allgather(lengths))
             self.ids_exchanged = len(all_flat)
         else:

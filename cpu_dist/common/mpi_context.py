@@ -15,6 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+import numpy as np
 from mpi4py import MPI
 
 T = TypeVar("T")
@@ -76,6 +77,15 @@ def exchange_ps_addresses(roles: Roles, address: str | None, error: str | None) 
     if failures:
         raise RuntimeError("PS shard failed to start: " + "; ".join(failures))
     return [a for r, a, _ in items if r >= roles.worker_num]
+
+
+def allgather_keys(comm: MPI.Intracomm, keys: np.ndarray) -> np.ndarray:
+    """Every rank's int64 keys, concatenated in rank order (the per-step id exchange)."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    counts = np.array(comm.allgather(len(keys)), dtype=np.int64)
+    out = np.empty(int(counts.sum()), dtype=np.int64)
+    comm.Allgatherv(keys, [out, counts])
+    return out
 
 
 def wait_all(comm: MPI.Intracomm, timeout_s: float, what: str, poll_s: float = 0.005) -> None:

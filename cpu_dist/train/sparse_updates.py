@@ -19,6 +19,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from cpu_dist.common.mpi_context import allgather_keys
 from cpu_dist.sparse import Client, Handle
 
 
@@ -75,10 +76,7 @@ class SparseUpdater:
 
     def _gather_keys(self, keys: np.ndarray) -> np.ndarray:
         """The sorted union of every worker's keys (the step's id metadata exchange)."""
-        counts = np.array(self.comm.allgather(len(keys)), dtype=np.int64)
-        all_keys = np.empty(int(counts.sum()), dtype=np.int64)
-        self.comm.Allgatherv(np.ascontiguousarray(keys, dtype=np.int64), [all_keys, counts])
-        return np.unique(all_keys)
+        return np.unique(allgather_keys(self.comm, keys))
 
     def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         union = self._gather_keys(keys)
