@@ -8,6 +8,7 @@ worker's step-t update, and the model equals a single-process run on the global 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -224,5 +225,4 @@ def dump_state(path: str, model: torch.nn.Module, client: Client) -> None:
     arrays["sparse_values"] = values
     tmp = path + ".tmp.npz"
     np.savez(tmp, **arrays)
-    import os
     os.replace(tmp, path)
