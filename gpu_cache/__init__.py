@@ -2,8 +2,8 @@
 on each worker, in front of the PS, on the GPU when one exists and on the CPU otherwise.
 
 ``make_reader`` builds the stage from the launcher's flags; the worker loop then reads rows
-with ``reader.read(step, keys)`` and calls ``reader.on_submit(step, keys, grads)`` after each
-sparse submit (see gpu_cache/controller.py).
+with ``reader.read(step, keys)`` and calls ``reader.submit(step, keys, grads)`` instead of the
+updater's submit (see gpu_cache/controller.py).
 """
 from __future__ import annotations
 

@@ -1,17 +1,26 @@
 """CachedRowReader: the cache stage between the worker loop and the PS.
 
 Per step ``read(step, keys)``: plan (online id exchange or prescan lookup) -> metadata query
--> gather hits -> wait only for the commit the remaining misses depend on and pull them ->
-take the prefetched rows -> admit a bounded set of misses into the cache -> in prescan mode,
-start prefetching the next step's misses whose previous updates are committed, so that pull
-overlaps forward/backward (the client releases the GIL).  ``on_submit`` keeps the cache
-coherent once the step's gradients are handed to the commit protocol (coherence.py).
+-> gather hits -> take the rows staged for this step -> pull what is still missing once the
+commit it depends on is applied -> admit a bounded set of misses into the cache -> in prescan
+mode, stage the next step's misses (pulled in the background while forward/backward run).
+``submit`` hands the step's gradients to the commit protocol and keeps the cache and the staged
+rows coherent with the PS (coherence.py).
+
+Staged rows are the next step's misses, pulled after commit ``step - 1`` and before this worker
+submits ``step`` (so before commit ``step`` can be applied: it needs this worker's markers).
+They then follow the same coherence rule as resident rows: ``submit(step)`` applies the
+step's update to them where the worker knows it exactly (every row in ``collective``
+aggregation; rows only this worker touched in ``ps``).  Rows whose update it cannot know are
+not staged; they are read on demand after commit ``step``.  So the next step reads every row it
+can without waiting for any commit.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,6 +43,16 @@ def admit_misses(meta, keys: np.ndarray, scores: np.ndarray | None, max_admit: i
     return meta.admit(keys, scores, max_admit, scores is not None)
 
 
+@dataclass
+class StagedRows:
+    """Rows of ``step``'s misses pulled ahead of time: ``pos`` in that step's keys."""
+    step: int
+    pos: np.ndarray
+    keys: np.ndarray
+    future: cf.Future
+    rows: np.ndarray | None = None  # set by submit(step - 1), then kept coherent
+
+
 class CachedRowReader:
     def __init__(self, client, updater, planner, *, dim: int, capacity_units: int, lr: float,
                  aggregation: str, world: int, device=None, prefetch: bool = True) -> None:
@@ -43,11 +62,11 @@ class CachedRowReader:
         self.lr, self.aggregation, self.world, self.dim = float(lr), aggregation, world, dim
         self._plan = None
         self._pool = cf.ThreadPoolExecutor(1) if planner.prescan and prefetch else None
-        # (step, positions in that step's keys, future of their rows): started by read(step-1)
-        self._prefetch: tuple[int, np.ndarray, cf.Future] | None = None
+        self._staged: StagedRows | None = None  # started by read(step - 1)
         self.stats = dict(lookups=0, hits=0, demand_ids=0, prefetch_ids=0, prefetch_used=0,
-                          evictions=0, invalidations=0, local_updates=0, admitted=0,
-                          bypassed_reads=0, dependency_waits=0, skipped_dependency_waits=0)
+                          evictions=0, invalidations=0, local_updates=0, staged_updates=0,
+                          admitted=0, bypassed_reads=0, dependency_waits=0,
+                          skipped_dependency_waits=0)
         self.bytes_pulled = 0
         self.commit_wait_s = 0.0
         self.shutdown_s = 0.0
@@ -57,6 +76,8 @@ class CachedRowReader:
     def read(self, step: int, keys: np.ndarray) -> torch.Tensor:
         """Rows of ``keys`` (sorted unique int64), float32 on the CPU, equal to the PS rows
         after every commit before ``step``."""
+        with self.timer("submit_wait"):  # the previous step's submit and coherence
+            self.updater.drain()
         with self.timer("plan"):
             plan = self.planner.plan(step, keys)
         self._plan = plan
@@ -69,37 +90,33 @@ class CachedRowReader:
         self.stats["lookups"] += n
         self.stats["hits"] += len(hit_pos)
         out = np.empty((n, self.dim), dtype=np.float32)
-        with self.timer("fill"):  # hits first: CPU work while a prefetch may still be pulling
+        with self.timer("fill"):
             if len(hit_pos):
                 out[hit_pos] = self.storage.gather(hit_slot).cpu().numpy()
             else:
                 self.stats["bypassed_reads"] += 1
-        prefetched = self._take_prefetch(step)
-        if prefetched is not None:
-            miss[prefetched[0]] = False  # what remains in `miss` is read on demand
+            staged = self._take_staged(step)
+            if staged is not None:
+                out[staged.pos] = staged.rows
+                miss[staged.pos] = False  # what remains in `miss` is read on demand
         self._read_demand(step, plan, keys, np.flatnonzero(miss), out)
-        if prefetched is not None:
-            with self.timer("prefetch_wait"):
-                out[prefetched[0]] = prefetched[1].result()
         if plan.prev is None:  # online: the metadata remembers which step changed which row
             self.meta.record_updates(plan.union, step)
         with self.timer("fill"):
             self._admit(keys, miss_pos, out, plan.scores)
         with self.timer("prefetch_issue"):
-            self._start_prefetch(step + 1)
+            self._stage(step + 1)
         return torch.from_numpy(out)
 
-    def _take_prefetch(self, step: int) -> tuple[np.ndarray, cf.Future] | None:
-        """(positions in this step's keys, future of their rows) of the prefetch for ``step``."""
-        pending, self._prefetch = self._prefetch, None
+    def _take_staged(self, step: int) -> StagedRows | None:
+        pending, self._staged = self._staged, None
         if pending is None:
             return None
-        pstep, pos, fut = pending
-        if pstep != step:  # never started for this step: drain it and read everything anew
-            fut.result()
+        if pending.step != step or pending.rows is None:  # not for this step: drop it
+            pending.future.result()
             return None
-        self.stats["prefetch_used"] += len(pos)
-        return pos, fut
+        self.stats["prefetch_used"] += len(pending.pos)
+        return pending
 
     def _read_demand(self, step: int, plan, keys: np.ndarray, pos: np.ndarray,
                      out: np.ndarray) -> None:
@@ -137,50 +154,87 @@ class CachedRowReader:
         self.stats["admitted"] += len(slots)
         self.stats["evictions"] += len(evicted)
 
-    def _start_prefetch(self, step: int) -> None:
-        """Pull, in the background while forward/backward run, the rows ``step`` will miss
-        whose previous update is already committed (so no later commit before ``step``
-        changes them: the commit of the current step only touches rows with a newer step)."""
-        nxt = self.planner.upcoming(step) if self._pool is not None else None
+    def _stage(self, nxt_step: int) -> None:
+        """Start pulling the rows ``nxt_step`` will miss, in the background while this step's
+        forward/backward run: after commit ``nxt_step - 2`` is applied (the background thread
+        waits for it) and before this worker submits ``nxt_step - 1``, every row holds its
+        value after commit ``nxt_step - 2``; ``submit`` then brings the staged copies forward
+        by one step.  Rows whose update in step ``nxt_step - 1`` this worker will not know
+        (``ps`` aggregation, touched by another worker) are left to the demand path."""
+        nxt = self.planner.upcoming(nxt_step) if self._pool is not None else None
         if nxt is None or not len(nxt.keys):
             return
-        ready = self.meta.lookup(nxt.keys) < 0
-        ready &= nxt.prev <= self.updater.committed
-        pos = np.flatnonzero(ready)
-        if len(pos):
-            keys = nxt.keys[pos]
-            self.stats["prefetch_ids"] += len(pos)
-            self.bytes_pulled += keys.nbytes + len(keys) * self.dim * 4
-            self._prefetch = (step, pos, self._pool.submit(self.client.pull, keys))
+        stage = self.meta.lookup(nxt.keys) < 0
+        if self.aggregation == "ps":
+            cur = self._plan  # step nxt_step - 1
+            changed_now = nxt.prev == cur.step
+            if changed_now.any():  # known only where this worker alone touched the row
+                at = np.searchsorted(cur.keys, nxt.keys[changed_now])
+                at_ok = at < len(cur.keys)
+                known = np.zeros(len(at), dtype=bool)
+                known[at_ok] = (cur.keys[at[at_ok]] == nxt.keys[changed_now][at_ok]) \
+                    & ~cur.shared[at[at_ok]]
+                stage[np.flatnonzero(changed_now)[~known]] = False
+        pos = np.flatnonzero(stage)
+        if not len(pos):
+            return
+        keys = nxt.keys[pos]
+        self.stats["prefetch_ids"] += len(pos)
+        self.bytes_pulled += keys.nbytes + len(keys) * self.dim * 4
+        future = self._pool.submit(self._pull_after, nxt_step - 2, keys)
+        self._staged = StagedRows(nxt_step, pos, keys, future)
 
-    # -- coherence ---------------------------------------------------------------------
-    def on_submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        """After ``updater.submit(step, ...)``: make resident rows equal the PS rows after
-        commit ``step`` (the next step's prefetch was started by ``read``)."""
+    def _pull_after(self, step: int, keys: np.ndarray) -> np.ndarray:
+        """(Background thread) the rows of ``keys`` once commit ``step`` is applied."""
+        self.updater.wait_applied(step)
+        return self.client.pull(keys)
+
+    # -- submit and coherence ----------------------------------------------------------
+    def submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Hand step ``step``'s gradients to the commit protocol, then make resident and staged
+        rows equal the PS rows after commit ``step``."""
         plan = self._plan
         if plan is None or plan.step != step:
-            raise RuntimeError(f"on_submit({step}) without read({step})")
-        with self.timer("coherence"):
-            self._coherence(step, plan, keys, grads)
+            raise RuntimeError(f"submit({step}) without read({step})")
+        staged = self._staged
+        if staged is not None:  # the staged pull must read the PS before this step's commit
+            with self.timer("prefetch_wait"):
+                staged.rows = staged.future.result()
+        if self.aggregation == "ps" and not np.array_equal(keys, plan.keys):
+            raise RuntimeError(f"step {step}: gradients cover other keys than the rows read")
 
-    def _coherence(self, step, plan, keys, grads) -> None:
+        def cohere() -> None:
+            with self.timer("coherence"):
+                self._coherence(step, plan, keys, grads, staged)
+        # In background mode the exchange, the hand-off and cohere() overlap the dense phase;
+        # the next read() drains them first.
+        self.updater.submit(step, keys, grads, union=plan.union, then=cohere)
+
+    def _coherence(self, step, plan, keys, grads, staged: StagedRows | None) -> None:
         if self.aggregation == "collective":
             union, summed = self.updater.last_reduced
             self.stats["local_updates"] += coherence.after_collective_commit(
                 self.meta, self.storage, union, summed, self.lr, self.world)
+            if staged is not None:
+                self.stats["staged_updates"] += coherence.update_staged(
+                    staged.keys, staged.rows, union, summed, self.lr, self.world)
         else:
             updated, dropped = coherence.after_ps_commit(
-                self.meta, self.storage, plan, keys, grads, self.lr, self.world)
+                self.meta, self.storage, plan, grads, self.lr, self.world)
             self.stats["local_updates"] += updated
             self.stats["invalidations"] += dropped
+            if staged is not None:
+                mine = ~plan.shared
+                self.stats["staged_updates"] += coherence.update_staged(
+                    staged.keys, staged.rows, keys[mine], grads[mine], self.lr, self.world)
 
     # -- end ---------------------------------------------------------------------------
     def close(self) -> None:
         """Drain the prefetch worker and drop the plans (the prescan shut-down cost)."""
         t0 = time.perf_counter()
-        if self._prefetch is not None:
-            self._prefetch[2].result()
-            self._prefetch = None
+        if self._staged is not None:
+            self._staged.future.result()
+            self._staged = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if os.environ.get("GPU_CACHE_VERIFY") == "1":

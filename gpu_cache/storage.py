@@ -12,6 +12,16 @@ import torch
 ROWS_PER_UNIT = 64
 
 
+def sgd_step(rows: torch.Tensor, grads: np.ndarray | torch.Tensor, lr: float, divisor: int,
+             owned: bool = False) -> torch.Tensor:
+    """``rows - lr * (grads / divisor)`` in float32, the operation order of the PS optimizer
+    (it divides the summed gradient by W, then applies ``w -= lr * g``), so cached copies stay
+    bit-equal to PS rows.  ``owned``: ``grads`` is a fresh tensor that may be scaled in place."""
+    g = torch.as_tensor(grads, dtype=torch.float32).to(rows.device)
+    step = g.div_(float(divisor)) if owned else g / float(divisor)
+    return rows.sub(step.mul_(lr))
+
+
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
@@ -71,7 +81,6 @@ class RowStorage:
         if not len(slots):
             return
         idx = self._index(slots, self.device)
-        g = self.to_device(grads)
-        step = g.div_(float(divisor)) if owned else g / float(divisor)
-        step.mul_(lr)
-        self.rows.index_copy_(0, idx, self.rows.index_select(0, idx).sub_(step))
+        new = sgd_step(self.rows.index_select(0, idx), self.to_device(grads), lr, divisor,
+                       owned=owned or self._cuda)  # to_device made a fresh copy on CUDA
+        self.rows.index_copy_(0, idx, new)

@@ -64,7 +64,10 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     updater = SparseUpdater(client, comm, session, lr=args.sparse_lr,
                             optimizer=args.sparse_optimizer, aggregation=args.aggregation,
                             sync=args.sparse_sync, timeout_s=args.rpc_timeout,
-                            track_written=split_pull)
+                            track_written=split_pull,
+                            # the cache keeps its rows coherent, so its submit may overlap
+                            # the dense phase
+                            background=args.read_mode == "bagpipe")
     checkpointer = Checkpointer(args, comm, client, model, optimizer, updater, TABLE)
     start = checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
     updater.start_at(start)
@@ -124,9 +127,8 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
             loss.backward()
         with timer("push"):
             sparse_keys, sparse_grads = embedding.sparse_grads()
-            updater.submit(step, sparse_keys, sparse_grads)
-            if reader is not None:
-                reader.on_submit(step, sparse_keys, sparse_grads)
+            # the cache stage submits through the updater and keeps its rows coherent
+            (reader or updater).submit(step, sparse_keys, sparse_grads)
         if split_pull and step + 1 < args.max_step:
             with timer("data"):
                 ahead = next_batch()
@@ -177,8 +179,8 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
                    "bytes_allreduced": buckets.bytes_reduced,
                    "commit_wait_s": updater.commit_wait_s,
                    "sparse_exchange_s": updater.exchange_s,
-                   "exposed_sparse_s": timer.totals().get("pull", 0.0) + updater.commit_wait_s
-                   + updater.exchange_s, **result,
+                   "exposed_sparse_s": timer.totals().get("pull", 0.0)
+                   + updater.foreground_wait_s, **result,
                    **(reader.metrics() if reader is not None else {}),
                    **{f"t_{k}": v for k, v in timer.totals().items()}}
         log.write({"summary": summary})

@@ -11,10 +11,18 @@ Two sync modes (``--sparse-sync``):
   pipelined   commit step t asynchronously; the dense all-reduce, optimizer step and the next
               batch's preparation overlap it; the pull of step t+1 waits for commit t.
 Either way step t+1 reads rows that hold every worker's step-t update (DESIGN.md section 3).
+
+``background=True`` (the cache stage, which keeps its rows coherent itself and so does not
+wait for commit t before reading step t+1) runs the id exchange, the row all-reduce and the
+hand-off to the PS on a thread of their own, over a duplicate of the worker communicator, while
+the training thread goes on with the dense all-reduce.  Every method that reads the protocol's
+state first drains that thread (with a timeout).
 """
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -26,7 +34,8 @@ from cpu_dist.sparse import Client, Handle
 class SparseUpdater:
     def __init__(self, client: Client, comm: MPI.Intracomm, session: int, *, lr: float,
                  optimizer: str, aggregation: str = "ps", sync: str = "pipelined",
-                 timeout_s: float = 60.0, track_written: bool = False) -> None:
+                 timeout_s: float = 60.0, track_written: bool = False,
+                 background: bool = False) -> None:
         if aggregation not in ("ps", "collective"):
             raise ValueError(f"aggregation {aggregation!r}: expected ps or collective")
         if sync not in ("pipelined", "barrier"):
@@ -47,14 +56,48 @@ class SparseUpdater:
         # a pull of the next step must wait for; all others may be read before that commit.
         self.track_written = track_written
         self.written: np.ndarray | None = None
+        # background: the submit thread, its own communicator, and the step it is running
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
+        self._xcomm = comm.Dup() if background else comm
+        self._tail: Future | None = None
+        self.drain_wait_s = 0.0    # time the training thread waited for the submit thread
 
     # -- submit -----------------------------------------------------------------------
-    def submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        """Hand step ``step``'s gradients of this worker's unique rows to the PS."""
+    def submit(self, step: int, keys: np.ndarray, grads: np.ndarray,
+               union: np.ndarray | None = None, then: Callable[[], None] | None = None) -> None:
+        """Hand step ``step``'s gradients of this worker's unique rows to the PS.
+
+        ``union``: the sorted union of every worker's keys of this step when the caller already
+        knows it (the cache stage's plans); collective aggregation then skips its id exchange.
+        Every worker must pass the same union, or none.  ``then`` runs once the gradients are
+        handed over (on the submit thread in background mode)."""
+        if self._pool is None:
+            self._submit_now(step, keys, grads, union, then)
+        else:
+            self.drain()
+            self._tail = self._pool.submit(self._submit_now, step, keys, grads, union, then)
+
+    @property
+    def foreground_wait_s(self) -> float:
+        """Seconds the training thread spent in commit waits and exchanges.  In background
+        mode those run on the submit thread, and the training thread's only wait is
+        :meth:`drain`, which the cache stage does inside its read (the loop's pull phase)."""
+        return 0.0 if self._pool is not None else self.commit_wait_s + self.exchange_s
+
+    def drain(self) -> None:
+        """Wait for the background submit of the last step (a no-op otherwise)."""
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            t0 = time.perf_counter()
+            tail.result(timeout=self.timeout_s)
+            self.drain_wait_s += time.perf_counter() - t0
+
+    def _submit_now(self, step: int, keys: np.ndarray, grads: np.ndarray,
+                    union: np.ndarray | None, then: Callable[[], None] | None) -> None:
         self._wait_handle()  # each sparse update waits for its predecessor's acks
         if self.aggregation == "collective":
             t0 = time.perf_counter()
-            keys, grads = self._allreduce_rows(keys, grads)
+            keys, grads = self._allreduce_rows(keys, grads, union)
             self.written = self.last_reduced[0]
             self.exchange_s += time.perf_counter() - t0
         elif self.track_written:
@@ -73,16 +116,24 @@ class SparseUpdater:
             self.commit_wait_s += time.perf_counter() - t0
         else:
             self.pending = (step, self.client.commit_async(*args))
+        if then is not None:
+            then()
 
     def _gather_keys(self, keys: np.ndarray) -> np.ndarray:
         """The sorted union of every worker's keys (the step's id metadata exchange)."""
-        return np.unique(allgather_keys(self.comm, keys))
+        return np.unique(allgather_keys(self._xcomm, keys))
 
-    def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        union = self._gather_keys(keys)
+    def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray,
+                        union: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        if union is None:
+            union = self._gather_keys(keys)
+        at = np.searchsorted(union, keys)
+        if len(keys) and (at[-1] >= len(union) or not np.array_equal(union[at], keys)):
+            raise ValueError(f"rank {self.rank}: the step's key union does not hold every key "
+                             f"of this worker")
         summed = np.zeros((len(union), grads.shape[1]), dtype=np.float32)
-        summed[np.searchsorted(union, keys)] = grads
-        self.comm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
+        summed[at] = grads
+        self._xcomm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
         # The designated submitter of a row: a function of the key every worker computes alike.
         mine = (union % self.world) == self.rank
         self.last_reduced = (union, summed)  # every row's full sum: the cache stage reads it
@@ -91,7 +142,7 @@ class SparseUpdater:
     def start_at(self, step: int) -> None:
         """A resumed job: ``step`` is the first step this session commits (its step 0), and
         everything before it is already in the restored rows."""
-        assert self.pending is None and self.committed == self.base - 1
+        assert self.pending is None and self._tail is None and self.committed == self.base - 1
         self.base, self.committed = step, step - 1
 
     # -- wait -------------------------------------------------------------------------
@@ -107,6 +158,7 @@ class SparseUpdater:
 
     def wait_readable(self, step: int) -> None:
         """Block until every step before ``step`` is applied on every shard."""
+        self.drain()
         if self.committed >= step - 1:
             return
         self._wait_handle()
@@ -115,8 +167,18 @@ class SparseUpdater:
             self.session, step - 1 - self.base, self.timeout_s)
         self.commit_wait_s += time.perf_counter() - t0
 
+    def wait_applied(self, step: int) -> None:
+        """Block until ``step`` is applied on every shard, without touching this object's
+        state (the cache stage's background thread calls it beside the training thread)."""
+        if step >= self.base:
+            self.client.wait_committed(self.session, step - self.base, self.timeout_s)
+
     def finish(self, last_step: int) -> None:
         """Drain: wait until ``last_step`` is applied, then close this worker's session."""
+        self.drain()
         if last_step >= 0:
             self.wait_readable(last_step + 1)
         self.client.close_session(self.session, self.rank)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._xcomm.Free()

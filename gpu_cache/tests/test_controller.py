@@ -46,12 +46,21 @@ class Updater:
     def __init__(self, ps):
         self.ps, self.committed, self.payload_bytes, self.waits = ps, -1, 0, []
 
-    def submit(self, step, keys, grads):
+    def submit(self, step, keys, grads, union=None, then=None):
         self.ps.apply(keys, grads)
+        self.last_reduced = (keys, grads)  # one worker: its gradients are the whole sum
         self.committed = step
+        if then is not None:
+            then()
+
+    def drain(self):
+        pass
 
     def wait_readable(self, step):
         self.waits.append(step)
+
+    def wait_applied(self, step):
+        assert step <= self.committed, "staged a pull that no commit would ever allow"
 
 
 def trace(steps=30, seed=0):
@@ -73,8 +82,7 @@ def test_reads_equal_ps_rows_under_eviction(prescan):
         want = np.stack([ps._row(k) for k in keys])
         np.testing.assert_array_equal(rows.numpy(), want)
         grads = rng.standard_normal((len(keys), DIM)).astype(np.float32)
-        up.submit(step, keys, grads)
-        reader.on_submit(step, keys, grads)
+        reader.submit(step, keys, grads)
     reader.close()
     m = reader.metrics()
     assert m["cache_hits"] > 0 and m["cache_evictions"] > 0 and m["cache_local_updates"] > 0
@@ -82,6 +90,30 @@ def test_reads_equal_ps_rows_under_eviction(prescan):
     reader.verify()
     if prescan:
         assert m["cache_prefetch_used"] > 0 and m["prescan_startup_s"] > 0
+        # after step 0 every miss was staged and brought forward by the step's own update
+        assert m["cache_demand_ids"] == len(tr[0])
+
+
+@pytest.mark.parametrize("aggregation", ["ps", "collective"])
+def test_staged_rows_take_the_step_update(aggregation):
+    """The same 100 keys every step and room for 64: the rest are staged for the next step
+    before this step's commit, and must be brought forward by this step's update."""
+    ps = DictPS()
+    up = Updater(ps)
+    tr = [np.arange(100, dtype=np.int64)] * 6
+    reader = CachedRowReader(ps, up, PrescanPlanner(OneRankComm(), tr), dim=DIM,
+                             capacity_units=1, lr=LR, aggregation=aggregation, world=1,
+                             device="cpu")
+    rng = np.random.default_rng(2)
+    for step, keys in enumerate(tr):
+        rows = reader.read(step, keys)
+        np.testing.assert_array_equal(rows.numpy(), np.stack([ps._row(k) for k in keys]))
+        reader.submit(step, keys, rng.standard_normal((len(keys), DIM)).astype(np.float32))
+    reader.close()
+    m = reader.metrics()
+    assert m["cache_staged_updates"] == 5 * 36 and m["cache_prefetch_used"] == 5 * 36
+    assert m["cache_demand_ids"] == 100 and up.waits == []
+    reader.verify()
 
 
 def test_prescan_detects_changed_ids():

@@ -60,6 +60,12 @@ def test_cached_equals_reference(runs, workers, aggregation, prescan):
     assert summary["cache_hits"] > 0 and summary["cache_resident_bytes"] == 2 * 64 * 8 * 4
     if prescan:
         assert summary["prescan_startup_s"] > 0 and "prescan_shutdown_s" in summary
+        assert summary["cache_prefetch_used"] > 0
+    if prescan and aggregation == "collective":
+        # Every miss after step 0 was staged before the commit that changed it and brought
+        # forward locally: no read ever waited for a commit, and the result is still exact.
+        assert summary["cache_staged_updates"] > 0
+        assert summary["cache_dependency_waits"] == 0, summary
 
 
 @pytest.mark.parametrize("aggregation", ["ps", "collective"])
