@@ -40,6 +40,8 @@ def strict_sgd(meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarray, l
 def best_effort_sgd(meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarray, lr: float,
                     divisor: int = 1) -> int:
     uniq, summed = sum_duplicates(keys, grads)
+    if storage.host_rows is not None:  # one native pass: lookup and update
+        return int(meta.sgd_resident(uniq, summed, lr, float(divisor), storage.host_rows))
     slots = meta.lookup(uniq)
     hit = np.flatnonzero(slots >= 0)
     # summed[hit] is a fresh copy, so the storage may scale it in place

@@ -92,7 +92,7 @@ class CachedRowReader:
         out = np.empty((n, self.dim), dtype=np.float32)
         with self.timer("fill"):
             if len(hit_pos):
-                out[hit_pos] = self.storage.gather(hit_slot).cpu().numpy()
+                self.storage.gather_into(hit_slot, out, hit_pos)
             else:
                 self.stats["bypassed_reads"] += 1
             staged = self._take_staged(step)
@@ -102,6 +102,11 @@ class CachedRowReader:
         self._read_demand(step, plan, keys, np.flatnonzero(miss), out)
         if plan.prev is None:  # online: the metadata remembers which step changed which row
             self.meta.record_updates(plan.union, step)
+        if self.aggregation == "ps" and plan.scores is not None and len(miss_pos):
+            # Prescan admission follows the plan: a row another worker also touches in this
+            # step is invalidated right after it (coherence.py), so admitting it would only
+            # evict a row that stays valid.  (Online mode keeps plain LRU admission.)
+            miss_pos = miss_pos[~plan.shared[miss_pos]]
         with self.timer("fill"):
             self._admit(keys, miss_pos, out, plan.scores)
         with self.timer("prefetch_issue"):
@@ -149,8 +154,7 @@ class CachedRowReader:
         slots, src, evicted = admit_misses(self.meta, keys[miss_pos],
                                            None if scores is None else scores[miss_pos],
                                            self.storage.capacity_rows)
-        if len(slots):
-            self.storage.scatter(slots, self.storage.to_device(out[miss_pos[src]]))
+        self.storage.scatter_from(slots, out, miss_pos[src])
         self.stats["admitted"] += len(slots)
         self.stats["evictions"] += len(evicted)
 

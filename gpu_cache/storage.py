@@ -1,13 +1,18 @@
 """Row storage of the cache: one torch tensor of ``capacity_units * 64`` rows by D, float32.
 
 The same code runs on a GPU or on the CPU: only the host-to-device staging differs (pinned
-buffers, a copy stream and an event when the device is CUDA, a plain copy otherwise).  All
+buffers, a copy stream and an event when the device is CUDA, a plain copy otherwise).  On the
+CPU the row copies and the cache SGD of the hot path use the native one-pass kernels of
+``gpu_cache._metadata`` on ``host_rows`` (a numpy view of the same memory) instead of torch
+ops and temporaries; ``native=False`` keeps the torch ops (the CUDA code) for tests.  All
 row mutations go through here, so "which rows changed" is never spread across modules.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from gpu_cache._metadata import copy_rows
 
 ROWS_PER_UNIT = 64
 
@@ -29,7 +34,8 @@ def default_device() -> torch.device:
 class RowStorage:
     """``rows[slot]`` is the value of the key the metadata put in ``slot``."""
 
-    def __init__(self, capacity_units: int, dim: int, device: torch.device | str | None = None) -> None:
+    def __init__(self, capacity_units: int, dim: int, device: torch.device | str | None = None,
+                 native: bool = True) -> None:
         if capacity_units <= 0 or dim <= 0:
             raise ValueError(f"need capacity_units > 0 and dim > 0, got {capacity_units}, {dim}")
         self.device = torch.device(device) if device is not None else default_device()
@@ -38,6 +44,8 @@ class RowStorage:
         self.rows = torch.zeros((self.capacity_rows, dim), dtype=torch.float32, device=self.device)
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        # The same memory as `rows`, for the native kernels (None: use torch ops).
+        self.host_rows = self.rows.numpy() if self.device.type == "cpu" and native else None
 
     @property
     def resident_bytes(self) -> int:
@@ -66,6 +74,20 @@ class RowStorage:
     # -- reads and writes -----------------------------------------------------------------
     def gather(self, slots: np.ndarray) -> torch.Tensor:
         return self.rows.index_select(0, self._index(slots, self.device))
+
+    def gather_into(self, slots: np.ndarray, out: np.ndarray, pos: np.ndarray) -> None:
+        """``out[pos[i]] = rows[slots[i]]`` into host float32 rows."""
+        if self.host_rows is not None:
+            copy_rows(self.host_rows, slots, out, pos)
+        elif len(slots):
+            out[pos] = self.gather(slots).cpu().numpy()
+
+    def scatter_from(self, slots: np.ndarray, host: np.ndarray, src: np.ndarray) -> None:
+        """``rows[slots[i]] = host[src[i]]``; slots unique."""
+        if self.host_rows is not None:
+            copy_rows(host, src, self.host_rows, slots)
+        elif len(slots):
+            self.scatter(slots, self.to_device(host[src]))
 
     def scatter(self, slots: np.ndarray, values: torch.Tensor) -> None:
         """Write ``values[i]`` into ``slots[i]``; slots must be unique (metadata.admit's are)."""

@@ -37,10 +37,37 @@ std::optional<Int64Array> scores_for(const std::optional<py::handle>& scores, py
   return s;
 }
 
+// A float32 C-contiguous 2-D numpy array (a torch CPU tensor's .numpy() view) taken by
+// reference: converting it would write into a temporary copy, so anything else is an error.
+gpu_cache::RowMatrix as_rows(const py::array& a, const char* what, bool writable) {
+  if (a.ndim() != 2) throw py::value_error(std::string(what) + " must be a 2-D array");
+  if (!a.dtype().is(py::dtype::of<float>()))
+    throw py::type_error(std::string(what) + " must be float32");
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(what) + " must be C-contiguous");
+  if (writable && !a.writeable()) throw py::value_error(std::string(what) + " is read-only");
+  return {static_cast<float*>(const_cast<void*>(a.data())), static_cast<int64_t>(a.shape(0)),
+          static_cast<int64_t>(a.shape(1))};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_metadata, m) {
   m.doc() = "Bounded embedding-cache metadata (slots, eviction order, previous update steps)";
+  m.def("copy_rows",
+        [](const py::array& src, const py::handle& src_idx, const py::array& dst,
+           const py::handle& dst_idx) {
+          auto s_rows = as_rows(src, "src", false);
+          auto d_rows = as_rows(dst, "dst", true);
+          Int64Array si = as_1d(src_idx, "src_idx"), di = as_1d(dst_idx, "dst_idx");
+          if (si.shape(0) != di.shape(0))
+            throw py::value_error("src_idx and dst_idx must have the same length");
+          py::gil_scoped_release release;
+          gpu_cache::copy_rows(s_rows, si.data(), d_rows, di.data(),
+                               static_cast<size_t>(si.shape(0)));
+        },
+        py::arg("src"), py::arg("src_idx"), py::arg("dst"), py::arg("dst_idx"),
+        "dst[dst_idx[i]] = src[src_idx[i]] for float32 host row matrices (indices checked)");
   using gpu_cache::CacheMetadata;
   py::class_<CacheMetadata>(m, "BagPipeCacheMetadata")
       .def(py::init<int64_t>(), py::arg("capacity_rows"))
@@ -95,6 +122,24 @@ PYBIND11_MODULE(_metadata, m) {
              return c.invalidate(k.data(), static_cast<size_t>(k.shape(0)));
            },
            py::arg("keys"), "drop resident keys; returns how many were resident")
+      .def("sgd_resident",
+           [](const CacheMetadata& c, const py::handle& keys, const py::handle& grads, float lr,
+              float divisor, const py::array& rows) {
+             Int64Array k = as_1d(keys, "keys");
+             using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
+             F32 g = F32::ensure(grads);
+             if (!g) throw py::error_already_set();
+             auto r = as_rows(rows, "rows", true);
+             if (g.ndim() != 2 || g.shape(0) != k.shape(0) || g.shape(1) != r.dim)
+               throw py::value_error("grads must be len(keys) x the row width");
+             if (!(divisor > 0.0f)) throw py::value_error("divisor must be positive");
+             py::gil_scoped_release release;
+             return c.sgd_resident(k.data(), static_cast<size_t>(k.shape(0)), g.data(), lr,
+                                   divisor, r);
+           },
+           py::arg("keys"), py::arg("grads"), py::arg("lr"), py::arg("divisor"), py::arg("rows"),
+           "rows[slot] -= lr * (grad / divisor) for the resident ones of unique keys (the PS's "
+           "float32 operation order); returns how many")
       .def("clear", &CacheMetadata::clear)
       .def("resident",
            [](const CacheMetadata& c) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "row_kernels.h"
 
 namespace gpu_cache {
 
@@ -57,6 +58,11 @@ class CacheMetadata {
   void clear();
   // Resident (key, slot) pairs, in slot order.
   std::pair<std::vector<int64_t>, std::vector<int64_t>> resident() const;
+
+  // For each of n keys that is resident: rows[slot] -= lr * (grads[i] / divisor) (see
+  // sgd_row).  grads is n x rows.dim; keys must be unique.  Returns how many were updated.
+  int64_t sgd_resident(const int64_t* keys, size_t n, const float* grads, float lr,
+                       float divisor, const RowMatrix& rows) const;
 
   // Previous global update step: record that step `step` updated these keys, and read back
   // the last recorded step of each key (-1: never updated).
