@@ -23,6 +23,7 @@ def scan_trace(dataset, batch_size: int, steps: int, rank: int, world: int):
 
 def make_reader(args, client, updater, comm, dataset):
     """The CachedRowReader for ``--read-mode bagpipe`` (prescan plans built here)."""
+    from gpu_cache.bypass import LowHitBypass
     from gpu_cache.controller import CachedRowReader
     from gpu_cache.plans import OnlinePlanner, PrescanPlanner
 
@@ -34,4 +35,5 @@ def make_reader(args, client, updater, comm, dataset):
         planner = OnlinePlanner(comm)
     return CachedRowReader(client, updater, planner, dim=args.embedding_dim,
                            capacity_units=args.optimization_cache_capacity, lr=args.sparse_lr,
-                           aggregation=args.aggregation, world=world)
+                           aggregation=args.aggregation, world=world,
+                           bypass=LowHitBypass(args.optimization_bypass_below))

@@ -28,6 +28,7 @@ import torch
 from cpu_dist.train.metrics import PhaseTimer
 from gpu_cache import coherence
 from gpu_cache._metadata import BagPipeCacheMetadata
+from gpu_cache.bypass import LowHitBypass
 from gpu_cache.storage import RowStorage
 
 
@@ -55,12 +56,14 @@ class StagedRows:
 
 class CachedRowReader:
     def __init__(self, client, updater, planner, *, dim: int, capacity_units: int, lr: float,
-                 aggregation: str, world: int, device=None, prefetch: bool = True) -> None:
+                 aggregation: str, world: int, device=None, prefetch: bool = True,
+                 bypass: LowHitBypass | None = None) -> None:
         self.client, self.updater, self.planner = client, updater, planner
         self.storage = RowStorage(capacity_units, dim, device)
         self.meta = BagPipeCacheMetadata(self.storage.capacity_rows)
         self.lr, self.aggregation, self.world, self.dim = float(lr), aggregation, world, dim
         self._plan = None
+        self.bypass = bypass if bypass is not None else LowHitBypass(0.0)
         self._pool = cf.ThreadPoolExecutor(1) if planner.prescan and prefetch else None
         self._staged: StagedRows | None = None  # started by read(step - 1)
         self.stats = dict(lookups=0, hits=0, demand_ids=0, prefetch_ids=0, prefetch_used=0,
@@ -82,19 +85,23 @@ class CachedRowReader:
             plan = self.planner.plan(step, keys)
         self._plan = plan
         n = len(keys)
-        with self.timer("query"):
-            hit_pos, hit_slot = self.meta.query(keys, plan.scores)
-            miss = np.ones(n, dtype=bool)
-            miss[hit_pos] = False
-            miss_pos = np.flatnonzero(miss)
-        self.stats["lookups"] += n
-        self.stats["hits"] += len(hit_pos)
+        use_cache = self.bypass.use_cache()
+        miss = np.ones(n, dtype=bool)
+        if use_cache:
+            with self.timer("query"):
+                hit_pos, hit_slot = self.meta.query(keys, plan.scores)
+                miss[hit_pos] = False
+            self.stats["lookups"] += n
+            self.stats["hits"] += len(hit_pos)
+            self.bypass.record(len(hit_pos), n)
+        else:  # low hit rate: read like an uncached step (coherence still runs)
+            hit_pos = hit_slot = np.zeros(0, dtype=np.int64)
+            self.stats["bypassed_reads"] += 1
+        miss_pos = np.flatnonzero(miss)
         out = np.empty((n, self.dim), dtype=np.float32)
         with self.timer("fill"):
             if len(hit_pos):
                 self.storage.gather_into(hit_slot, out, hit_pos)
-            else:
-                self.stats["bypassed_reads"] += 1
             staged = self._take_staged(step)
             if staged is not None:
                 out[staged.pos] = staged.rows
@@ -102,7 +109,9 @@ class CachedRowReader:
         self._read_demand(step, plan, keys, np.flatnonzero(miss), out)
         if plan.prev is None:  # online: the metadata remembers which step changed which row
             self.meta.record_updates(plan.union, step)
-        if self.aggregation == "ps" and plan.scores is not None and len(miss_pos):
+        if not use_cache:
+            miss_pos = miss_pos[:0]
+        elif self.aggregation == "ps" and plan.scores is not None and len(miss_pos):
             # Prescan admission follows the plan: a row another worker also touches in this
             # step is invalidated right after it (coherence.py), so admitting it would only
             # evict a row that stays valid.  (Online mode keeps plain LRU admission.)

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cache size in units of 64 rows")
     cache.add_argument("--optimization-plan-window", type=int, default=0,
                        help="prescan: steps ahead a row's next use is looked up (0: all)")
+    cache.add_argument("--optimization-bypass-below", type=float, default=0.02, metavar="H",
+                       help="low-hit bypass: when the hit rate of the last 8 cached reads is "
+                            "below H, read from the PS directly, probing the cache every 16th "
+                            "read (0: never bypass)")
 
     ckpt = p.add_argument_group("checkpoints")
     ckpt.add_argument("--checkpoint-dir", default=None,
@@ -191,6 +195,9 @@ def _validate_cache(args: argparse.Namespace) -> None:
                           "must be a positive number of 64-row units")
     if args.optimization_plan_window < 0:
         raise ConfigError("--optimization-plan-window must be >= 0")
+    if not 0.0 <= args.optimization_bypass_below < 1.0:
+        raise ConfigError(f"--optimization-bypass-below {args.optimization_bypass_below}: "
+                          "must be in [0, 1)")
     if args.sparse_optimizer != "sgd":
         raise ConfigError(f"--read-mode bagpipe supports --sparse-optimizer sgd only, not "
                           f"{args.sparse_optimizer}: the cache cannot mirror an adaptive optimizer's "

@@ -27,6 +27,8 @@ def test_default_is_uncached():
     (["--optimization-prescan"], "needs --read-mode bagpipe"),
     (["--read-mode", "bagpipe", "--optimization-cache-capacity", "0"], "positive number of 64-row"),
     (["--read-mode", "bagpipe", "--optimization-plan-window", "-1"], "plan-window"),
+    (["--read-mode", "bagpipe", "--optimization-bypass-below", "1"], "bypass-below 1.0"),
+    (["--read-mode", "bagpipe", "--optimization-bypass-below", "-0.5"], "must be in"),
 ])
 def test_unsupported_settings_fail_at_start(argv, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -17,7 +17,9 @@ from test_equivalence import assert_same_model, reference
 
 pytestmark = pytest.mark.timeout(600)
 
-CACHE = ["--read-mode", "bagpipe", "--optimization-cache-capacity", "2"]
+# No low-hit bypass: every read goes through the tiny cache, to stress coherence.
+CACHE = ["--read-mode", "bagpipe", "--optimization-cache-capacity", "2",
+         "--optimization-bypass-below", "0"]
 
 
 @pytest.fixture(scope="module")
