@@ -160,7 +160,7 @@ def main() -> None:
     p.add_argument("--trace-steps", type=int, default=200)
     p.add_argument("--steps", type=int, default=60, help="training steps of part (2)")
     p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=int, default=3,
                    help="interleaved (uncached, cached) pairs per aggregation; medians reported")
     p.add_argument("--skip-training", action="store_true")
     args = p.parse_args()
