@@ -77,8 +77,13 @@ def test_shutdown_under_load_drains_what_it_acknowledged():
     assert stats["push_keys"] >= 200 * ok
     assert stats["commit_keys"] == (500 if commit_ok else stats["commit_keys"])
     # Each key is pushed once: every row in the table comes from a call the shard counted as
-    # applied, and every applied call left all of its rows.
-    assert stats["rows"] == stats["push_keys"] + stats["commit_keys"]
+    # applied, and every applied call left all of its rows.  The commit's step is applied
+    # whole or not at all: a stop between its chunks leaves accepted chunks (counted in
+    # commit_keys) but none of its 500 rows.
+    commit_rows = stats["rows"] - stats["push_keys"]
+    assert commit_rows in (0, 500), stats
+    if commit_ok:
+        assert commit_rows == 500
     print(f"FIGURE shutdown under load: {ok}/300 pushes acknowledged, commit ok={commit_ok}, "
           f"rows={stats['rows']}")
 
