@@ -13,10 +13,11 @@ Two sync modes (``--sparse-sync``):
 Either way step t+1 reads rows that hold every worker's step-t update (DESIGN.md section 3).
 
 ``background=True`` (the cache stage, which keeps its rows coherent itself and so does not
-wait for commit t before reading step t+1) runs the id exchange, the row all-reduce and the
-hand-off to the PS on a thread of their own, over a duplicate of the worker communicator, while
-the training thread goes on with the dense all-reduce.  Every method that reads the protocol's
-state first drains that thread (with a timeout).
+wait for commit t before reading step t+1) hands step t to the PS, and runs the caller's
+follow-up (the cache's coherence), on a thread of its own while the training thread goes on
+with the dense all-reduce.  The collective exchange stays on the training thread: two threads
+in MPI collectives at once on a node whose cores are all busy made both slower.  Every method
+that reads the protocol's state first drains that thread (with a timeout).
 """
 from __future__ import annotations
 
@@ -56,9 +57,8 @@ class SparseUpdater:
         # a pull of the next step must wait for; all others may be read before that commit.
         self.track_written = track_written
         self.written: np.ndarray | None = None
-        # background: the submit thread, its own communicator, and the step it is running
+        # background: the hand-off thread and the step it is running
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
-        self._xcomm = comm.Dup() if background else comm
         self._tail: Future | None = None
         self.drain_wait_s = 0.0    # time the training thread waited for the submit thread
 
@@ -71,30 +71,8 @@ class SparseUpdater:
         knows it (the cache stage's plans); collective aggregation then skips its id exchange.
         Every worker must pass the same union, or none.  ``then`` runs once the gradients are
         handed over (on the submit thread in background mode)."""
-        if self._pool is None:
-            self._submit_now(step, keys, grads, union, then)
-        else:
+        if self._pool is not None:
             self.drain()
-            self._tail = self._pool.submit(self._submit_now, step, keys, grads, union, then)
-
-    @property
-    def foreground_wait_s(self) -> float:
-        """Seconds the training thread spent in commit waits and exchanges.  In background
-        mode those run on the submit thread, and the training thread's only wait is
-        :meth:`drain`, which the cache stage does inside its read (the loop's pull phase)."""
-        return 0.0 if self._pool is not None else self.commit_wait_s + self.exchange_s
-
-    def drain(self) -> None:
-        """Wait for the background submit of the last step (a no-op otherwise)."""
-        tail, self._tail = self._tail, None
-        if tail is not None:
-            t0 = time.perf_counter()
-            tail.result(timeout=self.timeout_s)
-            self.drain_wait_s += time.perf_counter() - t0
-
-    def _submit_now(self, step: int, keys: np.ndarray, grads: np.ndarray,
-                    union: np.ndarray | None, then: Callable[[], None] | None) -> None:
-        self._wait_handle()  # each sparse update waits for its predecessor's acks
         if self.aggregation == "collective":
             t0 = time.perf_counter()
             keys, grads = self._allreduce_rows(keys, grads, union)
@@ -104,6 +82,30 @@ class SparseUpdater:
             t0 = time.perf_counter()
             self.written = self._gather_keys(keys)
             self.exchange_s += time.perf_counter() - t0
+        if self._pool is None:
+            self._hand_off(step, keys, grads, then)
+        else:
+            self._tail = self._pool.submit(self._hand_off, step, keys, grads, then)
+
+    @property
+    def foreground_wait_s(self) -> float:
+        """Seconds the training thread spent in commit waits and exchanges.  In background
+        mode the commit waits run on the hand-off thread, and the training thread waits for
+        it only in :meth:`drain`, which the cache stage does inside its read (the loop's pull
+        phase)."""
+        return self.exchange_s + (0.0 if self._pool is not None else self.commit_wait_s)
+
+    def drain(self) -> None:
+        """Wait for the background submit of the last step (a no-op otherwise)."""
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            t0 = time.perf_counter()
+            tail.result(timeout=self.timeout_s)
+            self.drain_wait_s += time.perf_counter() - t0
+
+    def _hand_off(self, step: int, keys: np.ndarray, grads: np.ndarray,
+                  then: Callable[[], None] | None) -> None:
+        self._wait_handle()  # each sparse update waits for its predecessor's acks
         self.payload_bytes += keys.nbytes + grads.nbytes
         self.rows_sent += len(keys)
         args = (self.session, step - self.base, self.rank, self.world, keys, grads, self.lr,
@@ -121,7 +123,7 @@ class SparseUpdater:
 
     def _gather_keys(self, keys: np.ndarray) -> np.ndarray:
         """The sorted union of every worker's keys (the step's id metadata exchange)."""
-        return np.unique(allgather_keys(self._xcomm, keys))
+        return np.unique(allgather_keys(self.comm, keys))
 
     def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray,
                         union: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +135,7 @@ class SparseUpdater:
                              f"of this worker")
         summed = np.zeros((len(union), grads.shape[1]), dtype=np.float32)
         summed[at] = grads
-        self._xcomm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
+        self.comm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
         # The designated submitter of a row: a function of the key every worker computes alike.
         mine = (union % self.world) == self.rank
         self.last_reduced = (union, summed)  # every row's full sum: the cache stage reads it
@@ -181,4 +183,3 @@ class SparseUpdater:
         self.client.close_session(self.session, self.rank)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-            self._xcomm.Free()
