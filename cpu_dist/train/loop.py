@@ -29,7 +29,12 @@ from cpu_dist.train.ps_rank import TABLE
 from cpu_dist.train.row_prefetch import SplitPull
 from cpu_dist.train.sparse_updates import SparseUpdater
 
-PHASES = ("data", "pull", "forward", "backward", "allreduce", "optimizer", "push", "commit_wait")
+PHASES = ("data", "pull", "forward", "backward", "straggler_wait", "allreduce", "optimizer",
+          "push", "commit_wait")
+# Workers meet after backward in a barrier that sleeps between polls: the wait for the slowest
+# worker is reported on its own (t_straggler_wait) instead of inflating whichever collective
+# comes first, and a waiting worker leaves its core to the others instead of spinning in MPI.
+STRAGGLER_POLL_S = 1e-4
 
 
 def make_client(args: argparse.Namespace, token: str, addresses: list[str]) -> Client:
@@ -125,6 +130,10 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
             loss = loss_fn(logits, labels)
         with timer("backward"):
             loss.backward()
+        if world > 1:  # load imbalance, measured apart from the collectives that follow
+            with timer("straggler_wait"):
+                wait_all(comm, args.rpc_timeout, f"step {step}: workers after backward",
+                         poll_s=STRAGGLER_POLL_S)
         with timer("push"):
             sparse_keys, sparse_grads = embedding.sparse_grads()
             # the cache stage submits through the updater and keeps its rows coherent
