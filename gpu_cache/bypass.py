@@ -1,11 +1,12 @@
-"""The low-hit bypass: stop paying for a cache that does not hit.
+"""The low-hit bypass: stop filling a cache that does not hit.
 
-A cached read costs a metadata query, copies of hits and an admission (copies and evictions)
-on top of the pull of its misses.  When recent reads hit almost nothing (a trace with no reuse
-within the cache's reach), the reader skips all of that and pulls the step's rows from the PS
-like an uncached read; coherence keeps running, so resident rows stay valid for when reads
-come back.  While bypassing, every ``probe_every``-th read goes through the cache again to
-measure: the bypass ends when the measured hit rate is back at the threshold.
+A cached read costs a metadata query and copies of its hits, and then an admission: copies of
+its misses into the cache and the evictions they cause.  When recent reads hit almost nothing
+(a trace with no reuse within the cache's reach), the admission is wasted work, so the reader
+skips it: hits are still served (and their eviction scores refreshed), misses are read from
+the PS or the staged rows as always, and coherence keeps running.  While bypassing, every
+``probe_every``-th read admits again and measures: the bypass ends when a probe's hit rate is
+back at the threshold.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class LowHitBypass:
         self._since_probe = 0
 
     def use_cache(self) -> bool:
-        """Whether the next read goes through the cache (a normal read or a probe)."""
+        """Whether the next read admits its misses (a normal read or a probe)."""
         if not self.bypassing:
             return True
         self._since_probe += 1
@@ -34,7 +35,7 @@ class LowHitBypass:
         return False
 
     def record(self, hits: int, lookups: int) -> None:
-        """The outcome of a read that went through the cache."""
+        """The outcome of a read that admits (its hits and lookups)."""
         if self.threshold == 0.0 or lookups == 0:
             return
         self._recent.append((hits, lookups))

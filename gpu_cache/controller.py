@@ -85,19 +85,20 @@ class CachedRowReader:
             plan = self.planner.plan(step, keys)
         self._plan = plan
         n = len(keys)
-        use_cache = self.bypass.use_cache()
-        miss = np.ones(n, dtype=bool)
-        if use_cache:
-            with self.timer("query"):
-                hit_pos, hit_slot = self.meta.query(keys, plan.scores)
-                miss[hit_pos] = False
-            self.stats["lookups"] += n
-            self.stats["hits"] += len(hit_pos)
+        # The query also refreshes the eviction scores of the hits, bypass or not: a row whose
+        # score went stale (a past next use) would otherwise never be evicted again.
+        with self.timer("query"):
+            hit_pos, hit_slot = self.meta.query(keys, plan.scores)
+            miss = np.ones(n, dtype=bool)
+            miss[hit_pos] = False
+            miss_pos = np.flatnonzero(miss)
+        self.stats["lookups"] += n
+        self.stats["hits"] += len(hit_pos)
+        admit = self.bypass.use_cache()  # low hit rate: no admission (copies, evictions)
+        if admit:
             self.bypass.record(len(hit_pos), n)
-        else:  # low hit rate: read like an uncached step (coherence still runs)
-            hit_pos = hit_slot = np.zeros(0, dtype=np.int64)
+        else:
             self.stats["bypassed_reads"] += 1
-        miss_pos = np.flatnonzero(miss)
         out = np.empty((n, self.dim), dtype=np.float32)
         with self.timer("fill"):
             if len(hit_pos):
@@ -109,7 +110,7 @@ class CachedRowReader:
         self._read_demand(step, plan, keys, np.flatnonzero(miss), out)
         if plan.prev is None:  # online: the metadata remembers which step changed which row
             self.meta.record_updates(plan.union, step)
-        if not use_cache:
+        if not admit:
             miss_pos = miss_pos[:0]
         elif self.aggregation == "ps" and plan.scores is not None and len(miss_pos):
             # Prescan admission follows the plan: a row another worker also touches in this

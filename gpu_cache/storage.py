@@ -23,7 +23,10 @@ def sgd_step(rows: torch.Tensor, grads: np.ndarray | torch.Tensor, lr: float, di
     (it divides the summed gradient by W, then applies ``w -= lr * g``), so cached copies stay
     bit-equal to PS rows.  ``owned``: ``grads`` is a fresh tensor that may be scaled in place."""
     g = torch.as_tensor(grads, dtype=torch.float32).to(rows.device)
-    step = g.div_(float(divisor)) if owned else g / float(divisor)
+    # A divisor on the device, not a Python scalar: CUDA turns division by a host scalar into
+    # a multiplication by its reciprocal, which can differ from the PS's g / W in the last bit.
+    div = torch.tensor(float(divisor), dtype=torch.float32, device=g.device)
+    step = g.div_(div) if owned else g / div
     return rows.sub(step.mul_(lr))
 
 

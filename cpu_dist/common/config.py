@@ -85,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--optimization-plan-window", type=int, default=0,
                        help="prescan: steps ahead a row's next use is looked up (0: all)")
     cache.add_argument("--optimization-bypass-below", type=float, default=0.02, metavar="H",
-                       help="low-hit bypass: when the hit rate of the last 8 cached reads is "
-                            "below H, read from the PS directly, probing the cache every 16th "
-                            "read (0: never bypass)")
+                       help="low-hit bypass: when the hit rate of the last 8 admitting reads "
+                            "is below H, stop admitting misses into the cache (hits are still "
+                            "served; every 16th read admits and measures again; 0: never)")
 
     ckpt = p.add_argument_group("checkpoints")
     ckpt.add_argument("--checkpoint-dir", default=None,

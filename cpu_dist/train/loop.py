@@ -188,8 +188,7 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
                    "bytes_allreduced": buckets.bytes_reduced,
                    "commit_wait_s": updater.commit_wait_s,
                    "sparse_exchange_s": updater.exchange_s,
-                   "exposed_sparse_s": timer.totals().get("pull", 0.0)
-                   + updater.foreground_wait_s, **result,
+                   "exposed_sparse_s": _exposed_sparse_s(timer.totals(), updater), **result,
                    **(reader.metrics() if reader is not None else {}),
                    **{f"t_{k}": v for k, v in timer.totals().items()}}
         log.write({"summary": summary})
@@ -198,6 +197,14 @@ def train_worker(args: argparse.Namespace, roles: Roles, token: str, session: in
     wait_all(comm, args.rpc_timeout * 10, "workers finishing")
     if chief and stop_shards:
         client.shutdown()
+
+
+def _exposed_sparse_s(phases: dict[str, float], updater: SparseUpdater) -> float:
+    """The training thread's seconds in sparse reads, exchanges and commit waits.  With a
+    background hand-off the updater's own commit waits ran on that thread; the training thread
+    waited only inside its reads (the pull phase) and in the loop's commit_wait phase."""
+    waits = phases.get("commit_wait", 0.0) if updater.background else updater.commit_wait_s
+    return phases.get("pull", 0.0) + updater.exchange_s + waits
 
 
 def _evaluate(args, model, embedding, dataset, updater, comm, step, log, dtype) -> dict:

@@ -60,7 +60,6 @@ class SparseUpdater:
         # background: the hand-off thread and the step it is running
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
         self._tail: Future | None = None
-        self.drain_wait_s = 0.0    # time the training thread waited for the submit thread
 
     # -- submit -----------------------------------------------------------------------
     def submit(self, step: int, keys: np.ndarray, grads: np.ndarray,
@@ -88,20 +87,19 @@ class SparseUpdater:
             self._tail = self._pool.submit(self._hand_off, step, keys, grads, then)
 
     @property
-    def foreground_wait_s(self) -> float:
-        """Seconds the training thread spent in commit waits and exchanges.  In background
-        mode the commit waits run on the hand-off thread, and the training thread waits for
-        it only in :meth:`drain`, which the cache stage does inside its read (the loop's pull
-        phase)."""
-        return self.exchange_s + (0.0 if self._pool is not None else self.commit_wait_s)
+    def background(self) -> bool:
+        """Whether commit waits happen on the hand-off thread (then only ``drain`` and
+        ``wait_readable`` block the training thread)."""
+        return self._pool is not None
 
     def drain(self) -> None:
-        """Wait for the background submit of the last step (a no-op otherwise)."""
-        tail, self._tail = self._tail, None
-        if tail is not None:
-            t0 = time.perf_counter()
-            tail.result(timeout=self.timeout_s)
-            self.drain_wait_s += time.perf_counter() - t0
+        """Wait for the background submit of the last step (a no-op otherwise).  What it raised
+        is raised here, and again by every later call: the protocol's state is then unknown.  The hand-off may wait for the previous step's acks and, with
+        ``--sparse-sync barrier``, for its own commit: each up to ``timeout_s``."""
+        if self._tail is None:
+            return
+        self._tail.result(timeout=2 * self.timeout_s + 5.0)
+        self._tail = None
 
     def _hand_off(self, step: int, keys: np.ndarray, grads: np.ndarray,
                   then: Callable[[], None] | None) -> None:

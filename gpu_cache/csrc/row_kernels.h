@@ -1,6 +1,6 @@
 // Row kernels for a cache whose rows live in host memory.  storage.py does the same work with
 // torch ops on any device (that is the CUDA path); on the CPU these loops do it in one pass
-// without temporaries.  Tests check that both give the same bits.
+// without temporaries.  Tests check that both give the same bits on the CPU device.
 #pragma once
 
 #include <cstddef>

@@ -4,7 +4,7 @@ import pytest
 
 from gpu_cache.bypass import LowHitBypass
 from gpu_cache.controller import CachedRowReader
-from gpu_cache.plans import OnlinePlanner
+from gpu_cache.plans import OnlinePlanner, PrescanPlanner
 from gpu_cache.tests.test_controller import DIM, LR, DictPS, OneRankComm, Updater
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,6 +39,26 @@ def test_zero_threshold_never_bypasses():
 def test_threshold_out_of_range(bad):
     with pytest.raises(ValueError, match="threshold"):
         LowHitBypass(bad)
+
+
+def test_prescan_bypass_does_not_pin_rows():
+    """A bypassed prescan read still refreshes the scores of its hits: rows whose planned next
+    use has passed must stay evictable, or the hot set that follows is never admitted."""
+    ps = DictPS()
+    up = Updater(ps)
+    k0 = np.arange(0, 64, dtype=np.int64)
+    tr = [k0, np.arange(1000, 1064, dtype=np.int64), k0] + [np.arange(5000, 5064, dtype=np.int64)] * 20
+    reader = CachedRowReader(ps, up, PrescanPlanner(OneRankComm(), tr), dim=DIM, capacity_units=1,
+                             lr=LR, aggregation="ps", world=1, device="cpu",
+                             bypass=LowHitBypass(0.2, window=2, probe_every=2))
+    rng = np.random.default_rng(4)
+    for step, keys in enumerate(tr):
+        rows = reader.read(step, keys)
+        np.testing.assert_array_equal(rows.numpy(), np.stack([ps._row(k) for k in keys]))
+        reader.submit(step, keys, rng.standard_normal((len(keys), DIM)).astype(np.float32))
+    reader.close()
+    assert reader.stats["hits"] >= 15 * 64 and not reader.bypass.bypassing
+    reader.verify()
 
 
 def test_reader_bypasses_a_trace_without_reuse_and_stays_exact():
