@@ -5,7 +5,8 @@ import pytest
 from gpu_cache.bypass import LowHitBypass
 from gpu_cache.controller import CachedRowReader
 from gpu_cache.plans import OnlinePlanner, PrescanPlanner
-from gpu_cache.tests.test_controller import DIM, LR, DictPS, OneRankComm, Updater
+from gpu_cache.tests.test_controller import (DIM, LR, DictPS, OneRankComm, Updater,
+                                             train_through)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,12 +52,7 @@ def test_prescan_bypass_does_not_pin_rows():
     reader = CachedRowReader(ps, up, PrescanPlanner(OneRankComm(), tr), dim=DIM, capacity_units=1,
                              lr=LR, aggregation="ps", world=1, device="cpu",
                              bypass=LowHitBypass(0.2, window=2, probe_every=2))
-    rng = np.random.default_rng(4)
-    for step, keys in enumerate(tr):
-        rows = reader.read(step, keys)
-        np.testing.assert_array_equal(rows.numpy(), np.stack([ps._row(k) for k in keys]))
-        reader.submit(step, keys, rng.standard_normal((len(keys), DIM)).astype(np.float32))
-    reader.close()
+    train_through(reader, ps, tr, seed=4)
     assert reader.stats["hits"] >= 15 * 64 and not reader.bypass.bypassing
     reader.verify()
 

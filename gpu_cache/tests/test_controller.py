@@ -63,6 +63,16 @@ class Updater:
         assert step <= self.committed, "staged a pull that no commit would ever allow"
 
 
+def train_through(reader, ps, tr, seed):
+    """Read and submit every step of ``tr``; every read must equal the PS rows."""
+    rng = np.random.default_rng(seed)
+    for step, keys in enumerate(tr):
+        rows = reader.read(step, keys)
+        np.testing.assert_array_equal(rows.numpy(), np.stack([ps._row(k) for k in keys]))
+        reader.submit(step, keys, rng.standard_normal((len(keys), DIM)).astype(np.float32))
+    reader.close()
+
+
 def trace(steps=30, seed=0):
     rng = np.random.default_rng(seed)
     return [np.unique(rng.zipf(1.3, size=200) % 500).astype(np.int64) for _ in range(steps)]
@@ -104,12 +114,7 @@ def test_staged_rows_take_the_step_update(aggregation):
     reader = CachedRowReader(ps, up, PrescanPlanner(OneRankComm(), tr), dim=DIM,
                              capacity_units=1, lr=LR, aggregation=aggregation, world=1,
                              device="cpu")
-    rng = np.random.default_rng(2)
-    for step, keys in enumerate(tr):
-        rows = reader.read(step, keys)
-        np.testing.assert_array_equal(rows.numpy(), np.stack([ps._row(k) for k in keys]))
-        reader.submit(step, keys, rng.standard_normal((len(keys), DIM)).astype(np.float32))
-    reader.close()
+    train_through(reader, ps, tr, seed=2)
     m = reader.metrics()
     assert m["cache_staged_updates"] == 5 * 36 and m["cache_prefetch_used"] == 5 * 36
     assert m["cache_demand_ids"] == 100 and up.waits == []
