@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from cpu_dist.data.keys import find_sorted
 from gpu_cache.cache_sgd import best_effort_sgd
 from gpu_cache.plans import StepPlan
 from gpu_cache.storage import RowStorage, sgd_step
@@ -49,9 +50,7 @@ def update_staged(staged_keys: np.ndarray, staged_rows: np.ndarray, keys: np.nda
     staged rows it covers, in place, exactly as the PS applies it; returns how many."""
     if not len(keys) or not len(staged_keys):
         return 0
-    at = np.searchsorted(keys, staged_keys)
-    inside = at < len(keys)
-    inside[inside] = keys[at[inside]] == staged_keys[inside]
+    at, inside = find_sorted(keys, staged_keys)
     which = np.flatnonzero(inside)
     if len(which):
         rows = torch.from_numpy(staged_rows)

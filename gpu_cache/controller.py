@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cpu_dist.data.keys import find_sorted
 from cpu_dist.train.metrics import PhaseTimer
 from gpu_cache import coherence
 from gpu_cache._metadata import BagPipeCacheMetadata
@@ -181,14 +182,11 @@ class CachedRowReader:
         stage = self.meta.lookup(nxt.keys) < 0
         if self.aggregation == "ps":
             cur = self._plan  # step nxt_step - 1
-            changed_now = nxt.prev == cur.step
-            if changed_now.any():  # known only where this worker alone touched the row
-                at = np.searchsorted(cur.keys, nxt.keys[changed_now])
-                at_ok = at < len(cur.keys)
-                known = np.zeros(len(at), dtype=bool)
-                known[at_ok] = (cur.keys[at[at_ok]] == nxt.keys[changed_now][at_ok]) \
-                    & ~cur.shared[at[at_ok]]
-                stage[np.flatnonzero(changed_now)[~known]] = False
+            changed = np.flatnonzero(nxt.prev == cur.step)
+            if len(changed):  # known only where this worker alone touched the row
+                at, known = find_sorted(cur.keys, nxt.keys[changed])
+                known[known] = ~cur.shared[at[known]]
+                stage[changed[~known]] = False
         pos = np.flatnonzero(stage)
         if not len(pos):
             return

@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from cpu_dist.data.keys import find_sorted
 from cpu_dist.sparse import Client
 
 
@@ -20,9 +21,7 @@ class SplitPull:
     def __init__(self, client: Client, pool: ThreadPoolExecutor, unique: np.ndarray,
                  written: np.ndarray, timeout_s: float) -> None:
         self.client, self.unique, self.timeout_s = client, unique, timeout_s
-        pos = np.searchsorted(written, unique)
-        hit = pos < len(written)
-        hit[hit] = written[pos[hit]] == unique[hit]
+        _, hit = find_sorted(written, unique)
         self.dependent = np.flatnonzero(hit)
         self.independent = np.flatnonzero(~hit)
         # The client releases the GIL for the whole pull, so this runs beside the main thread.

@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from cpu_dist.common.mpi_context import allgather_keys
+from cpu_dist.data.keys import find_sorted
 from cpu_dist.sparse import Client, Handle
 
 
@@ -70,8 +71,7 @@ class SparseUpdater:
         knows it (the cache stage's plans); collective aggregation then skips its id exchange.
         Every worker must pass the same union, or none.  ``then`` runs once the gradients are
         handed over (on the submit thread in background mode)."""
-        if self._pool is not None:
-            self.drain()
+        self.drain()  # a no-op without a hand-off thread
         if self.aggregation == "collective":
             t0 = time.perf_counter()
             keys, grads = self._allreduce_rows(keys, grads, union)
@@ -94,8 +94,9 @@ class SparseUpdater:
 
     def drain(self) -> None:
         """Wait for the background submit of the last step (a no-op otherwise).  What it raised
-        is raised here, and again by every later call: the protocol's state is then unknown.  The hand-off may wait for the previous step's acks and, with
-        ``--sparse-sync barrier``, for its own commit: each up to ``timeout_s``."""
+        is raised here, and again by every later call: the protocol's state is then unknown.
+        The hand-off may wait for the previous step's acks and, with ``--sparse-sync
+        barrier``, for its own commit: each up to ``timeout_s``."""
         if self._tail is None:
             return
         self._tail.result(timeout=2 * self.timeout_s + 5.0)
@@ -127,8 +128,8 @@ class SparseUpdater:
                         union: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         if union is None:
             union = self._gather_keys(keys)
-        at = np.searchsorted(union, keys)
-        if len(keys) and (at[-1] >= len(union) or not np.array_equal(union[at], keys)):
+        at, found = find_sorted(union, keys)
+        if not found.all():
             raise ValueError(f"rank {self.rank}: the step's key union does not hold every key "
                              f"of this worker")
         summed = np.zeros((len(union), grads.shape[1]), dtype=np.float32)
@@ -175,7 +176,7 @@ class SparseUpdater:
 
     def finish(self, last_step: int) -> None:
         """Drain: wait until ``last_step`` is applied, then close this worker's session."""
-        self.drain()
+        self.drain()  # also when there is no step to wait for
         if last_step >= 0:
             self.wait_readable(last_step + 1)
         self.client.close_session(self.session, self.rank)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cpu_dist.data import Batch, fuse_criteo, fuse_synthetic, synthetic_offsets
-from cpu_dist.data.keys import check_criteo_hash_size, criteo_feature_of
+from cpu_dist.data.keys import check_criteo_hash_size, criteo_feature_of, find_sorted
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -58,3 +58,12 @@ def test_criteo_keys_put_the_feature_in_the_high_bits():
         check_criteo_hash_size(2**32 + 1)
     with pytest.raises(ValueError):
         check_criteo_hash_size(0)
+
+
+def test_find_sorted_positions_and_membership():
+    at, found = find_sorted(np.array([2, 5, 9], dtype=np.int64),
+                            np.array([1, 2, 6, 9, 12], dtype=np.int64))
+    assert found.tolist() == [False, True, False, True, False]
+    assert at[found].tolist() == [0, 2]
+    _, none = find_sorted(np.zeros(0, dtype=np.int64), np.array([3], dtype=np.int64))
+    assert none.tolist() == [False]
