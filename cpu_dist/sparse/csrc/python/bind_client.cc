@@ -212,9 +212,7 @@ void bind_client(py::module_& m) {
                py::gil_scoped_release release;
                r = c.stats();
              }
-             py::list out;
-             for (const auto& s : r) out.append(message_to_dict(s));
-             return out;
+             return messages_to_list(r);
            })
       .def("health",
            [](PsClient& c) {
@@ -223,9 +221,7 @@ void bind_client(py::module_& m) {
                py::gil_scoped_release release;
                r = c.health();
              }
-             py::list out;
-             for (const auto& s : r) out.append(message_to_dict(s));
-             return out;
+             return messages_to_list(r);
            })
       .def("shutdown", &PsClient::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Ask every shard to drain and stop.")
@@ -240,9 +236,7 @@ void bind_client(py::module_& m) {
               r = c.save(paths, step, session.has_value(), session.value_or(0), session_step,
                          timeout_s.value_or(kCheckpointTimeoutS));
             }
-            py::list out;
-            for (const auto& s : r) out.append(message_to_dict(s));
-            return out;
+            return messages_to_list(r);
           },
           py::arg("paths"), py::arg("step"), py::arg("session") = py::none(),
           py::arg("session_step") = -1, py::arg("timeout_s") = py::none(),
@@ -257,9 +251,7 @@ void bind_client(py::module_& m) {
               py::gil_scoped_release release;
               r = c.load(paths, sizes, checksums, timeout_s.value_or(kCheckpointTimeoutS));
             }
-            py::list out;
-            for (const auto& s : r) out.append(message_to_dict(s));
-            return out;
+            return messages_to_list(r);
           },
           py::arg("paths"), py::arg("sizes") = std::vector<uint64_t>{},
           py::arg("checksums") = std::vector<uint32_t>{}, py::arg("timeout_s") = py::none(),

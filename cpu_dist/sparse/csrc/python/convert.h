@@ -8,6 +8,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -98,6 +99,14 @@ inline py::dict message_to_dict(const google::protobuf::Message& m) {
     }
   }
   return d;
+}
+
+// One dict per reply (one reply per shard), in shard order.
+template <typename Message>
+py::list messages_to_list(const std::vector<Message>& replies) {
+  py::list out;
+  for (const auto& r : replies) out.append(message_to_dict(r));
+  return out;
 }
 
 }  // namespace cpu_dist::python
