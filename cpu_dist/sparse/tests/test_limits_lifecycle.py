@@ -143,11 +143,16 @@ def small(cluster_factory):
     return c, c.client()
 
 
-def test_full_stripe_refuses_push_and_changes_no_value(small):
-    c, cl = small
+def _ten_rows(cl):
+    """Ten rows already in the table, and their values."""
     old = np.arange(10, dtype=np.int64)
     cl.push(old, np.ones((10, DIM), np.float32), 0.5)
-    before = cl.pull(old)
+    return old, cl.pull(old)
+
+
+def test_full_stripe_refuses_push_and_changes_no_value(small):
+    c, cl = small
+    old, before = _ten_rows(cl)
     keys = np.arange(5000, dtype=np.int64)
     with pytest.raises(PSError, match="RESOURCE_EXHAUSTED: table stripe full"):
         cl.push(keys, np.ones((5000, DIM), np.float32), 0.5)
@@ -160,9 +165,7 @@ def test_full_stripe_refuses_push_and_changes_no_value(small):
 
 def test_step_that_cannot_apply_fails_the_session_whole(small):
     c, cl = small
-    old = np.arange(10, dtype=np.int64)
-    cl.push(old, np.ones((10, DIM), np.float32), 0.5)
-    before = cl.pull(old)
+    old, before = _ten_rows(cl)
     keys = np.arange(5000, dtype=np.int64)
     g = np.ones((5000, DIM), np.float32)
     cl.commit(3, 0, 0, 2, keys, g, 0.5)  # accepted; rank 1 completes the step

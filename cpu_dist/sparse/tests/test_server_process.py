@@ -1,4 +1,5 @@
 """`python -m cpu_dist.sparse.server` as a real process: starts, serves, stops cleanly."""
+import contextlib
 import subprocess
 import sys
 
@@ -19,31 +20,32 @@ def start(tmp_path, token="proc-token", extra=()):
     return p, line.split()[-1]
 
 
-@pytest.mark.timeout(60)
-def test_sigterm_exits_zero(tmp_path):
+@contextlib.contextmanager
+def running(tmp_path):
+    """A server process and a client of it; killed if the test leaves it running."""
     p, addr = start(tmp_path)
     try:
-        cl = Client([addr], "proc-token", 8, timeout_s=10)
+        yield p, Client([addr], "proc-token", 8, timeout_s=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_exits_zero(tmp_path):
+    with running(tmp_path) as (p, cl):
         keys = np.array([1, 2, 3], dtype=np.int64)
         assert np.array_equal(cl.pull(keys), contracts.row_init(3, keys, 8, 0.2))
         p.terminate()
         assert p.wait(30) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
 
 
 @pytest.mark.timeout(60)
 def test_shutdown_rpc_exits_zero(tmp_path):
-    p, addr = start(tmp_path)
-    try:
-        cl = Client([addr], "proc-token", 8, timeout_s=10)
+    with running(tmp_path) as (p, cl):
         cl.push(np.array([5], dtype=np.int64), np.ones((1, 8), np.float32), 0.1)
         cl.shutdown()
         assert p.wait(30) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
 
 
 @pytest.mark.timeout(30)
