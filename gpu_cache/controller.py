@@ -57,7 +57,7 @@ class StagedRows:
 
 class CachedRowReader:
     def __init__(self, client, updater, planner, *, dim: int, capacity_units: int, lr: float,
-                 aggregation: str, world: int, device=None, prefetch: bool = True,
+                 aggregation: str, world: int, device=None,
                  bypass: LowHitBypass | None = None) -> None:
         self.client, self.updater, self.planner = client, updater, planner
         self.storage = RowStorage(capacity_units, dim, device)
@@ -65,7 +65,7 @@ class CachedRowReader:
         self.lr, self.aggregation, self.world, self.dim = float(lr), aggregation, world, dim
         self._plan = None
         self.bypass = bypass if bypass is not None else LowHitBypass(0.0)
-        self._pool = cf.ThreadPoolExecutor(1) if planner.prescan and prefetch else None
+        self._pool = cf.ThreadPoolExecutor(1) if planner.prescan else None  # staging
         self._staged: StagedRows | None = None  # started by read(step - 1)
         self.stats = dict(lookups=0, hits=0, demand_ids=0, prefetch_ids=0, prefetch_used=0,
                           evictions=0, invalidations=0, local_updates=0, staged_updates=0,

@@ -87,11 +87,8 @@ class OnlinePlanner:
         self.exchange_s += time.perf_counter() - t0
         return StepPlan(step, keys, union, shared, None)
 
-    def peek(self, step: int) -> np.ndarray | None:
-        return None  # the future is unknown online
-
     def upcoming(self, step: int) -> StepPlan | None:
-        return None
+        return None  # the future is unknown online
 
     def close(self) -> None:
         pass
@@ -171,9 +168,6 @@ class PrescanPlanner:
                 f"({len(keys)} unique keys now, {len(p.keys)} scanned); prescan needs the same "
                 f"id sequence during training (same data, seed, batch size and workers)")
         return p
-
-    def peek(self, step: int) -> np.ndarray | None:
-        return self.plans[step].keys if 0 <= step < self.steps else None
 
     def upcoming(self, step: int) -> StepPlan | None:
         """The plan of a later step (prefetch), without the id check of :meth:`plan`."""
