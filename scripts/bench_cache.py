@@ -84,7 +84,7 @@ def belady_hit_rate(plans, capacity: int) -> float:
     return hits / total
 
 
-def trace_part(args) -> tuple[dict, int]:
+def trace_part(args) -> dict:
     t0 = time.perf_counter()
     ds = make_dataset("synthetic", seed=0, zipf_exponent=1.05)
     trace = list(scan_trace(ds, args.batch_size, args.trace_steps, 0, 1))
@@ -99,7 +99,7 @@ def trace_part(args) -> tuple[dict, int]:
         out[f"hit_rate_{pct}pct"] = {k: round(v, 4) for k, v in r.items()}
         print(f"capacity {pct}% ({cap} rows): " + json.dumps(out[f"hit_rate_{pct}pct"]), flush=True)
     print(f"trace part: {time.perf_counter() - t0:.1f}s", flush=True)
-    return out, distinct
+    return out
 
 
 def run(args, name: str, extra: list[str]) -> dict:
@@ -164,7 +164,7 @@ def main() -> None:
                    help="interleaved (uncached, cached) pairs per aggregation; medians reported")
     p.add_argument("--skip-training", action="store_true")
     args = p.parse_args()
-    trace, _ = trace_part(args)
+    trace = trace_part(args)
     line = {"prescan_vs_belady_5pct": round(trace["hit_rate_5pct"]["prescan"] /
                                             trace["hit_rate_5pct"]["belady"], 4),
             "online_vs_belady_5pct": round(trace["hit_rate_5pct"]["online"] /
