@@ -4,11 +4,12 @@
 Ranks 0..W-1 train (PyTorch, dense gradients over MPI); the other ranks are parameter-server
 shards (C++, sparse rows over gRPC).  ``python launcher.py --help`` lists every flag.
 """
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -16,6 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     from cpu_dist.common.slurm import check_launch_environment
+
     try:
         check_launch_environment()  # without PMIx, OpenMPI would abort inside MPI_Init
     except RuntimeError as exc:
@@ -27,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = MPI.COMM_WORLD
     try:
         from cpu_dist.common.slurm import check_world_size
+
         check_world_size(world.Get_size())
         validate(args, world.Get_size())
     except (ConfigError, RuntimeError) as exc:

@@ -5,12 +5,14 @@ on each worker, in front of the PS, on the GPU when one exists and on the CPU ot
 with ``reader.read(step, keys)`` and calls ``reader.submit(step, keys, grads)`` instead of the
 updater's submit (see gpu_cache/controller.py).
 """
+
 from __future__ import annotations
 
 
 def scan_trace(dataset, batch_size: int, steps: int, rank: int, world: int):
     """This worker's sorted unique keys of each training step, read before training."""
     import numpy as np
+
     from cpu_dist.data import train_batches
 
     batches = train_batches(dataset, batch_size)
@@ -33,7 +35,14 @@ def make_reader(args, client, updater, comm, dataset):
         planner = PrescanPlanner(comm, trace, window=args.optimization_plan_window)
     else:
         planner = OnlinePlanner(comm)
-    return CachedRowReader(client, updater, planner, dim=args.embedding_dim,
-                           capacity_units=args.optimization_cache_capacity, lr=args.sparse_lr,
-                           aggregation=args.aggregation, world=world,
-                           bypass=LowHitBypass(args.optimization_bypass_below))
+    return CachedRowReader(
+        client,
+        updater,
+        planner,
+        dim=args.embedding_dim,
+        capacity_units=args.optimization_cache_capacity,
+        lr=args.sparse_lr,
+        aggregation=args.aggregation,
+        world=world,
+        bypass=LowHitBypass(args.optimization_bypass_below),
+    )

@@ -8,6 +8,7 @@ the PS or the staged rows as always, and coherence keeps running.  While bypassi
 ``probe_every``-th read admits again and measures: the bypass ends when a probe's hit rate is
 back at the threshold.
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -5,6 +5,7 @@ strict       duplicates are summed first and every row is updated once; if any r
              (the caller then relies on the PS copy), so no half-updated set survives.
 best_effort  resident keys are updated, missing keys are skipped; returns how many updated.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,9 @@ def sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.
     return uniq, summed
 
 
-def strict_sgd(meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarray, lr: float,
-               divisor: int = 1) -> bool:
+def strict_sgd(
+    meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarray, lr: float, divisor: int = 1
+) -> bool:
     uniq, summed = sum_duplicates(keys, grads)
     slots = meta.lookup(uniq)
     if (slots < 0).any():
@@ -37,8 +39,9 @@ def strict_sgd(meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarray, l
     return True
 
 
-def best_effort_sgd(meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarray, lr: float,
-                    divisor: int = 1) -> int:
+def best_effort_sgd(
+    meta, storage: RowStorage, keys: np.ndarray, grads: np.ndarray, lr: float, divisor: int = 1
+) -> int:
     uniq, summed = sum_duplicates(keys, grads)
     if storage.host_rows is not None:  # one native pass: lookup and update
         return int(meta.sgd_resident(uniq, summed, lr, float(divisor), storage.host_rows))

@@ -14,6 +14,7 @@ reads the PS after the commit of that row's previous update step (see controller
 staged for the next step (pulled before this step's commit) follow the same rule as resident
 rows: ``update_staged`` applies the update the worker knows.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,9 @@ from gpu_cache.plans import StepPlan
 from gpu_cache.storage import RowStorage, sgd_step
 
 
-def after_ps_commit(meta, storage: RowStorage, plan: StepPlan, grads: np.ndarray, lr: float,
-                    world: int) -> tuple[int, int]:
+def after_ps_commit(
+    meta, storage: RowStorage, plan: StepPlan, grads: np.ndarray, lr: float, world: int
+) -> tuple[int, int]:
     """``(rows updated locally, rows invalidated)`` for ps aggregation; ``grads`` are this
     worker's gradients of ``plan.keys``."""
     mine = np.flatnonzero(~plan.shared)
@@ -38,14 +40,21 @@ def after_ps_commit(meta, storage: RowStorage, plan: StepPlan, grads: np.ndarray
     return updated, int(meta.invalidate(plan.union))
 
 
-def after_collective_commit(meta, storage: RowStorage, union: np.ndarray, summed: np.ndarray,
-                            lr: float, world: int) -> int:
+def after_collective_commit(
+    meta, storage: RowStorage, union: np.ndarray, summed: np.ndarray, lr: float, world: int
+) -> int:
     """Rows updated locally for collective aggregation (``summed``: all-reduced gradients)."""
     return best_effort_sgd(meta, storage, union, summed, lr, world)
 
 
-def update_staged(staged_keys: np.ndarray, staged_rows: np.ndarray, keys: np.ndarray,
-                  grads: np.ndarray, lr: float, world: int) -> int:
+def update_staged(
+    staged_keys: np.ndarray,
+    staged_rows: np.ndarray,
+    keys: np.ndarray,
+    grads: np.ndarray,
+    lr: float,
+    world: int,
+) -> int:
     """Apply the step's known update (``keys`` sorted unique, their summed gradients) to the
     staged rows it covers, in place, exactly as the PS applies it; returns how many."""
     if not len(keys) or not len(staged_keys):

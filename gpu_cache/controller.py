@@ -15,6 +15,7 @@ aggregation; rows only this worker touched in ``ps``).  Rows whose update it can
 not staged; they are read on demand after commit ``step``.  So the next step reads every row it
 can without waiting for any commit.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -48,6 +49,7 @@ def admit_misses(meta, keys: np.ndarray, scores: np.ndarray | None, max_admit: i
 @dataclass
 class StagedRows:
     """Rows of ``step``'s misses pulled ahead of time: ``pos`` in that step's keys."""
+
     step: int
     pos: np.ndarray
     keys: np.ndarray
@@ -56,9 +58,20 @@ class StagedRows:
 
 
 class CachedRowReader:
-    def __init__(self, client, updater, planner, *, dim: int, capacity_units: int, lr: float,
-                 aggregation: str, world: int, device=None,
-                 bypass: LowHitBypass | None = None) -> None:
+    def __init__(
+        self,
+        client,
+        updater,
+        planner,
+        *,
+        dim: int,
+        capacity_units: int,
+        lr: float,
+        aggregation: str,
+        world: int,
+        device=None,
+        bypass: LowHitBypass | None = None,
+    ) -> None:
         self.client, self.updater, self.planner = client, updater, planner
         self.storage = RowStorage(capacity_units, dim, device)
         self.meta = BagPipeCacheMetadata(self.storage.capacity_rows)
@@ -67,10 +80,21 @@ class CachedRowReader:
         self.bypass = bypass if bypass is not None else LowHitBypass(0.0)
         self._pool = cf.ThreadPoolExecutor(1) if planner.prescan else None  # staging
         self._staged: StagedRows | None = None  # started by read(step - 1)
-        self.stats = dict(lookups=0, hits=0, demand_ids=0, prefetch_ids=0, prefetch_used=0,
-                          evictions=0, invalidations=0, local_updates=0, staged_updates=0,
-                          admitted=0, bypassed_reads=0, dependency_waits=0,
-                          skipped_dependency_waits=0)
+        self.stats = dict(
+            lookups=0,
+            hits=0,
+            demand_ids=0,
+            prefetch_ids=0,
+            prefetch_used=0,
+            evictions=0,
+            invalidations=0,
+            local_updates=0,
+            staged_updates=0,
+            admitted=0,
+            bypassed_reads=0,
+            dependency_waits=0,
+            skipped_dependency_waits=0,
+        )
         self.bytes_pulled = 0
         self.commit_wait_s = 0.0
         self.shutdown_s = 0.0
@@ -134,8 +158,9 @@ class CachedRowReader:
         self.stats["prefetch_used"] += len(pending.pos)
         return pending
 
-    def _read_demand(self, step: int, plan, keys: np.ndarray, pos: np.ndarray,
-                     out: np.ndarray) -> None:
+    def _read_demand(
+        self, step: int, plan, keys: np.ndarray, pos: np.ndarray, out: np.ndarray
+    ) -> None:
         """Pull the rows at ``pos`` into ``out`` once the commit they depend on is applied."""
         if not len(pos):
             if step > 0 and self.updater.committed < step - 1:
@@ -158,13 +183,17 @@ class CachedRowReader:
         self.stats["demand_ids"] += len(demand)
         self.bytes_pulled += demand.nbytes + len(demand) * self.dim * 4
 
-    def _admit(self, keys: np.ndarray, miss_pos: np.ndarray, out: np.ndarray,
-               scores: np.ndarray | None) -> None:
+    def _admit(
+        self, keys: np.ndarray, miss_pos: np.ndarray, out: np.ndarray, scores: np.ndarray | None
+    ) -> None:
         if not len(miss_pos):
             return
-        slots, src, evicted = admit_misses(self.meta, keys[miss_pos],
-                                           None if scores is None else scores[miss_pos],
-                                           self.storage.capacity_rows)
+        slots, src, evicted = admit_misses(
+            self.meta,
+            keys[miss_pos],
+            None if scores is None else scores[miss_pos],
+            self.storage.capacity_rows,
+        )
         self.storage.scatter_from(slots, out, miss_pos[src])
         self.stats["admitted"] += len(slots)
         self.stats["evictions"] += len(evicted)
@@ -218,6 +247,7 @@ class CachedRowReader:
         def cohere() -> None:
             with self.timer("coherence"):
                 self._coherence(step, plan, keys, grads, staged)
+
         # In background mode the exchange, the hand-off and cohere() overlap the dense phase;
         # the next read() drains them first.
         self.updater.submit(step, keys, grads, union=plan.union, then=cohere)
@@ -226,19 +256,23 @@ class CachedRowReader:
         if self.aggregation == "collective":
             union, summed = self.updater.last_reduced
             self.stats["local_updates"] += coherence.after_collective_commit(
-                self.meta, self.storage, union, summed, self.lr, self.world)
+                self.meta, self.storage, union, summed, self.lr, self.world
+            )
             if staged is not None:
                 self.stats["staged_updates"] += coherence.update_staged(
-                    staged.keys, staged.rows, union, summed, self.lr, self.world)
+                    staged.keys, staged.rows, union, summed, self.lr, self.world
+                )
         else:
             updated, dropped = coherence.after_ps_commit(
-                self.meta, self.storage, plan, grads, self.lr, self.world)
+                self.meta, self.storage, plan, grads, self.lr, self.world
+            )
             self.stats["local_updates"] += updated
             self.stats["invalidations"] += dropped
             if staged is not None:
                 mine = ~plan.shared
                 self.stats["staged_updates"] += coherence.update_staged(
-                    staged.keys, staged.rows, keys[mine], grads[mine], self.lr, self.world)
+                    staged.keys, staged.rows, keys[mine], grads[mine], self.lr, self.world
+                )
 
     # -- end ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -258,9 +292,13 @@ class CachedRowReader:
         """Every resident row equals its PS row (call once all commits are applied)."""
         keys, slots = self.meta.resident()
         if len(keys):
-            np.testing.assert_allclose(self.storage.gather(slots).cpu().numpy(),
-                                       self.client.pull(keys), rtol=1e-6, atol=1e-7,
-                                       err_msg="cached rows differ from the PS")
+            np.testing.assert_allclose(
+                self.storage.gather(slots).cpu().numpy(),
+                self.client.pull(keys),
+                rtol=1e-6,
+                atol=1e-7,
+                err_msg="cached rows differ from the PS",
+            )
 
     def metrics(self) -> dict:
         s = dict(self.stats)
@@ -273,5 +311,7 @@ class CachedRowReader:
         if self.planner.prescan:
             s["prescan_startup_s"] = self.planner.startup_s
             s["prescan_shutdown_s"] = self.shutdown_s
-        return {f"cache_{k}" if not k.startswith(("cache_", "prescan_", "gradient_")) else k: v
-                for k, v in s.items()}
+        return {
+            f"cache_{k}" if not k.startswith(("cache_", "prescan_", "gradient_")) else k: v
+            for k, v in s.items()
+        }

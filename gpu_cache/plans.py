@@ -10,11 +10,12 @@ OnlinePlanner exchanges the unique keys of all workers at every step (one Allgat
 PrescanPlanner reads the whole id trace before training, exchanges it once and keeps the
 plans in CPU memory; during training it checks that the ids are the ones it scanned.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 
@@ -27,10 +28,10 @@ FAR = np.iinfo(np.int64).min // 4
 @dataclass
 class StepPlan:
     step: int
-    keys: np.ndarray            # this worker's sorted unique keys
-    union: np.ndarray           # sorted union over all workers
-    shared: np.ndarray          # bool per own key: another worker touches it too
-    scores: np.ndarray | None   # eviction scores of own keys (prescan), None: LRU
+    keys: np.ndarray  # this worker's sorted unique keys
+    union: np.ndarray  # sorted union over all workers
+    shared: np.ndarray  # bool per own key: another worker touches it too
+    scores: np.ndarray | None  # eviction scores of own keys (prescan), None: LRU
     # Per own key: the last earlier step whose commit changed it (-1: none), known from the
     # prescan; None online (the controller then records updates in the metadata).
     prev: np.ndarray | None = None
@@ -130,20 +131,26 @@ class PrescanPlanner:
             parts = []
             for w in range(world):
                 begin = int(starts[w] + worker_offsets[w])
-                parts.append(all_flat[begin:begin + int(all_lengths[w, t])])
+                parts.append(all_flat[begin : begin + int(all_lengths[w, t])])
                 worker_offsets[w] += all_lengths[w, t]
-            union, shared, pos = _union_shared_pos(np.concatenate(parts), own[t]) if world > 1 \
+            union, shared, pos = (
+                _union_shared_pos(np.concatenate(parts), own[t])
+                if world > 1
                 else (own[t], np.zeros(len(own[t]), dtype=bool), np.arange(len(own[t])))
+            )
             unions.append(union)
             shareds.append(shared)
             positions.append(pos)
         prev = _previous_steps(unions)
         for t in range(self.steps):
-            self.plans.append(StepPlan(t, own[t], unions[t], shareds[t], scores[t],
-                                       prev[t][positions[t]]))
+            self.plans.append(
+                StepPlan(t, own[t], unions[t], shareds[t], scores[t], prev[t][positions[t]])
+            )
         self.startup_s = time.perf_counter() - t0
 
-    def _scores(self, own: list[np.ndarray], flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    def _scores(
+        self, own: list[np.ndarray], flat: np.ndarray, lengths: np.ndarray
+    ) -> list[np.ndarray]:
         """Per step, per own key: minus the step of its next use by this worker (FAR if none
         within the window)."""
         steps = np.repeat(np.arange(len(own), dtype=np.int64), lengths)
@@ -166,7 +173,8 @@ class PrescanPlanner:
             raise PrescanMismatch(
                 f"prescan: the ids of step {step} differ from the scanned trace "
                 f"({len(keys)} unique keys now, {len(p.keys)} scanned); prescan needs the same "
-                f"id sequence during training (same data, seed, batch size and workers)")
+                f"id sequence during training (same data, seed, batch size and workers)"
+            )
         return p
 
     def upcoming(self, step: int) -> StepPlan | None:

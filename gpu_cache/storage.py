@@ -7,6 +7,7 @@ CPU the row copies and the cache SGD of the hot path use the native one-pass ker
 ops and temporaries; ``native=False`` keeps the torch ops (the CUDA code) for tests.  All
 row mutations go through here, so "which rows changed" is never spread across modules.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,13 @@ from gpu_cache._metadata import copy_rows
 ROWS_PER_UNIT = 64
 
 
-def sgd_step(rows: torch.Tensor, grads: np.ndarray | torch.Tensor, lr: float, divisor: int,
-             owned: bool = False) -> torch.Tensor:
+def sgd_step(
+    rows: torch.Tensor,
+    grads: np.ndarray | torch.Tensor,
+    lr: float,
+    divisor: int,
+    owned: bool = False,
+) -> torch.Tensor:
     """``rows - lr * (grads / divisor)`` in float32, the operation order of the PS optimizer
     (it divides the summed gradient by W, then applies ``w -= lr * g``), so cached copies stay
     bit-equal to PS rows.  ``owned``: ``grads`` is a fresh tensor that may be scaled in place."""
@@ -37,8 +43,13 @@ def default_device() -> torch.device:
 class RowStorage:
     """``rows[slot]`` is the value of the key the metadata put in ``slot``."""
 
-    def __init__(self, capacity_units: int, dim: int, device: torch.device | str | None = None,
-                 native: bool = True) -> None:
+    def __init__(
+        self,
+        capacity_units: int,
+        dim: int,
+        device: torch.device | str | None = None,
+        native: bool = True,
+    ) -> None:
         if capacity_units <= 0 or dim <= 0:
             raise ValueError(f"need capacity_units > 0 and dim > 0, got {capacity_units}, {dim}")
         self.device = torch.device(device) if device is not None else default_device()
@@ -97,8 +108,14 @@ class RowStorage:
         if len(slots):
             self.rows.index_copy_(0, self._index(slots, self.device), values.to(self.device))
 
-    def sgd(self, slots: np.ndarray, grads: np.ndarray | torch.Tensor, lr: float, divisor: int,
-            owned: bool = False) -> None:
+    def sgd(
+        self,
+        slots: np.ndarray,
+        grads: np.ndarray | torch.Tensor,
+        lr: float,
+        divisor: int,
+        owned: bool = False,
+    ) -> None:
         """``w -= lr * (g / divisor)`` for unique slots, in float32 like the PS optimizer.
 
         ``owned``: the caller hands over ``grads`` (a fresh copy), so it is scaled in place
@@ -106,6 +123,11 @@ class RowStorage:
         if not len(slots):
             return
         idx = self._index(slots, self.device)
-        new = sgd_step(self.rows.index_select(0, idx), self.to_device(grads), lr, divisor,
-                       owned=owned or self._cuda)  # to_device made a fresh copy on CUDA
+        new = sgd_step(
+            self.rows.index_select(0, idx),
+            self.to_device(grads),
+            lr,
+            divisor,
+            owned=owned or self._cuda,
+        )  # to_device made a fresh copy on CUDA
         self.rows.index_copy_(0, idx, new)

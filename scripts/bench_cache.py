@@ -15,6 +15,7 @@
 The last line is one JSON object (prescan_vs_belady_5pct, bytes_saved_5pct,
 sparse_time_saved_5pct, speedup_5pct: the headline figures are prescan + collective).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,9 +94,11 @@ def trace_part(args) -> dict:
     out = {"trace_distinct_rows": distinct, "trace_steps": args.trace_steps}
     for pct in (1, 5, 10):
         cap = max(1, math.ceil(distinct * pct / 100 / ROWS_PER_UNIT)) * ROWS_PER_UNIT
-        r = {"online": policy_hit_rate(planner.plans, cap, False),
-             "prescan": policy_hit_rate(planner.plans, cap, True),
-             "belady": belady_hit_rate(planner.plans, cap)}
+        r = {
+            "online": policy_hit_rate(planner.plans, cap, False),
+            "prescan": policy_hit_rate(planner.plans, cap, True),
+            "belady": belady_hit_rate(planner.plans, cap),
+        }
         out[f"hit_rate_{pct}pct"] = {k: round(v, 4) for k, v in r.items()}
         print(f"capacity {pct}% ({cap} rows): " + json.dumps(out[f"hit_rate_{pct}pct"]), flush=True)
     print(f"trace part: {time.perf_counter() - t0:.1f}s", flush=True)
@@ -105,29 +108,62 @@ def trace_part(args) -> dict:
 def run(args, name: str, extra: list[str]) -> dict:
     out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
     env = mpi_env()  # scripts/env.sh, as users run
-    cmd = ["mpirun", "-np", "3", sys.executable, str(ROOT / "launcher.py"), "--worker-num", "2",
-           "--batch-size", str(args.batch_size), "--max_step", str(args.steps),
-           "--lr", "0.1", "--eval-every", "0", "--eval-batches", "1", "--no-progress",
-           "--print-freq", str(args.steps), "--metrics-out", str(out), *extra]
+    cmd = [
+        "mpirun",
+        "-np",
+        "3",
+        sys.executable,
+        str(ROOT / "launcher.py"),
+        "--worker-num",
+        "2",
+        "--batch-size",
+        str(args.batch_size),
+        "--max_step",
+        str(args.steps),
+        "--lr",
+        "0.1",
+        "--eval-every",
+        "0",
+        "--eval-batches",
+        "1",
+        "--no-progress",
+        "--print-freq",
+        str(args.steps),
+        "--metrics-out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     s = [json.loads(x)["summary"] for x in out.read_text().splitlines() if '"summary"' in x][-1]
     steps = s["steps"]
     exposed = (s.get("t_pull", 0) + s.get("t_commit_wait", 0) + s.get("t_push", 0)) / steps
-    r = {"samples_per_s": s["samples_per_s"], "bytes_pulled": s["bytes_pulled"],
-         "exposed_sparse_s_per_step": exposed,
-         **{k: v for k, v in s.items() if k.startswith(("cache_", "prescan_"))}}
+    r = {
+        "samples_per_s": s["samples_per_s"],
+        "bytes_pulled": s["bytes_pulled"],
+        "exposed_sparse_s_per_step": exposed,
+        **{k: v for k, v in s.items() if k.startswith(("cache_", "prescan_"))},
+    }
     print(name, json.dumps(r), flush=True)
     return r
 
 
 def training_part(args) -> dict:
     ds = make_dataset("synthetic", seed=0, zipf_exponent=1.05)
-    distinct = len(np.unique(np.concatenate(list(scan_trace(ds, args.batch_size, args.steps, 0, 1)))))
+    distinct = len(
+        np.unique(np.concatenate(list(scan_trace(ds, args.batch_size, args.steps, 0, 1))))
+    )
     units = max(1, math.ceil(distinct * 0.05 / ROWS_PER_UNIT))
-    cache = ["--ps-type", "RDMA", "--read-mode", "bagpipe", "--optimization-prescan",
-             "--optimization-cache-capacity", str(units)]
+    cache = [
+        "--ps-type",
+        "RDMA",
+        "--read-mode",
+        "bagpipe",
+        "--optimization-prescan",
+        "--optimization-cache-capacity",
+        str(units),
+    ]
     out = {"train_distinct_rows": distinct, "cache_units_5pct": units, "repeats": args.repeats}
     for agg in ("collective", "ps"):
         # Interleaved pairs (uncached, cached): a shared, noisy machine drifts between runs, so
@@ -141,43 +177,63 @@ def training_part(args) -> dict:
         plain, cached = pairs[-1]
         out[agg] = {
             "bytes_saved": med(lambda p, c: 1 - c["bytes_pulled"] / p["bytes_pulled"]),
-            "sparse_time_saved": med(lambda p, c: 1 - c["exposed_sparse_s_per_step"]
-                                     / p["exposed_sparse_s_per_step"]),
+            "sparse_time_saved": med(
+                lambda p, c: 1 - c["exposed_sparse_s_per_step"] / p["exposed_sparse_s_per_step"]
+            ),
             "speedup": med(lambda p, c: c["samples_per_s"] / p["samples_per_s"]),
             "hit_rate": cached.get("cache_hit_rate"),
-            "samples_per_s": [[round(p["samples_per_s"], 1), round(c["samples_per_s"], 1)]
-                              for p, c in pairs],
-            "exposed_sparse_ms_per_step": [[round(1e3 * p["exposed_sparse_s_per_step"], 2),
-                                            round(1e3 * c["exposed_sparse_s_per_step"], 2)]
-                                           for p, c in pairs],
+            "samples_per_s": [
+                [round(p["samples_per_s"], 1), round(c["samples_per_s"], 1)] for p, c in pairs
+            ],
+            "exposed_sparse_ms_per_step": [
+                [
+                    round(1e3 * p["exposed_sparse_s_per_step"], 2),
+                    round(1e3 * c["exposed_sparse_s_per_step"], 2),
+                ]
+                for p, c in pairs
+            ],
             "prescan_startup_s": cached.get("prescan_startup_s"),
         }
     return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--trace-steps", type=int, default=200)
     p.add_argument("--steps", type=int, default=60, help="training steps of part (2)")
     p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=3,
-                   help="interleaved (uncached, cached) pairs per aggregation; medians reported")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved (uncached, cached) pairs per aggregation; medians reported",
+    )
     p.add_argument("--skip-training", action="store_true")
     args = p.parse_args()
     trace = trace_part(args)
-    line = {"prescan_vs_belady_5pct": round(trace["hit_rate_5pct"]["prescan"] /
-                                            trace["hit_rate_5pct"]["belady"], 4),
-            "online_vs_belady_5pct": round(trace["hit_rate_5pct"]["online"] /
-                                           trace["hit_rate_5pct"]["belady"], 4), **trace}
+    line = {
+        "prescan_vs_belady_5pct": round(
+            trace["hit_rate_5pct"]["prescan"] / trace["hit_rate_5pct"]["belady"], 4
+        ),
+        "online_vs_belady_5pct": round(
+            trace["hit_rate_5pct"]["online"] / trace["hit_rate_5pct"]["belady"], 4
+        ),
+        **trace,
+    }
     if not args.skip_training:
         train = training_part(args)
         head = train["collective"]
-        line.update(bytes_saved_5pct=round(head["bytes_saved"], 4),
-                    sparse_time_saved_5pct=round(head["sparse_time_saved"], 4),
-                    speedup_5pct=round(head["speedup"], 4),
-                    bytes_saved_5pct_ps=round(train["ps"]["bytes_saved"], 4),
-                    sparse_time_saved_5pct_ps=round(train["ps"]["sparse_time_saved"], 4),
-                    speedup_5pct_ps=round(train["ps"]["speedup"], 4), training=train)
+        line.update(
+            bytes_saved_5pct=round(head["bytes_saved"], 4),
+            sparse_time_saved_5pct=round(head["sparse_time_saved"], 4),
+            speedup_5pct=round(head["speedup"], 4),
+            bytes_saved_5pct_ps=round(train["ps"]["bytes_saved"], 4),
+            sparse_time_saved_5pct_ps=round(train["ps"]["sparse_time_saved"], 4),
+            speedup_5pct_ps=round(train["ps"]["speedup"], 4),
+            training=train,
+        )
     print(json.dumps(line), flush=True)
 
 

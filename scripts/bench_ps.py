@@ -11,6 +11,7 @@ The last line printed is one JSON object: rows/s per case, ratios (ours / torch 
 ``ps_bytes_per_row``.  Targets: pull_ratio_256 >= 3, pull_ratio_4096 >= 1.5,
 ps_bytes_per_row <= 1.3.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ def _torch_table():
     global _TABLE
     if _TABLE is None:
         import torch
+
         _TABLE = torch.randn(TABLE_ROWS, DIM) * 0.01
     return _TABLE
 
@@ -50,6 +52,7 @@ def torch_gather(keys):
 
 def torch_apply(keys, grads, lr):
     import torch
+
     uniq, inv = torch.unique(keys, return_inverse=True)
     summed = torch.zeros(uniq.numel(), DIM).index_add_(0, inv, grads)
     _torch_table().index_add_(0, uniq, summed, alpha=-lr)
@@ -64,6 +67,7 @@ def _free_port() -> int:
 
 def _init_rpc(rank: int, port: int, transport: str):
     import torch.distributed.rpc as rpc
+
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     kw = {}
@@ -71,10 +75,12 @@ def _init_rpc(rank: int, port: int, transport: str):
         # TCP over loopback, as between hosts and as our PS runs.  TensorPipe's default
         # would pick shared memory / cross-memory-attach between two local processes.
         kw = {"_transports": ["uv"], "_channels": ["basic"]}
-    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8,
-                                           init_method=f"tcp://127.0.0.1:{port}", **kw)
-    rpc.init_rpc("ps" if rank == 1 else "trainer", rank=rank, world_size=2,
-                 rpc_backend_options=opts)
+    opts = rpc.TensorPipeRpcBackendOptions(
+        num_worker_threads=8, init_method=f"tcp://127.0.0.1:{port}", **kw
+    )
+    rpc.init_rpc(
+        "ps" if rank == 1 else "trainer", rank=rank, world_size=2, rpc_backend_options=opts
+    )
     return rpc
 
 
@@ -85,6 +91,7 @@ def torch_worker_main(port: int, transport: str) -> None:
 
 
 # ---- measurement ----------------------------------------------------------------------
+
 
 def rate(fn_per_thread, threads: int, seconds: float, rows_per_call: int) -> float:
     """rows/s of `threads` callers each running fn(i) in a loop for `seconds`."""
@@ -117,9 +124,22 @@ def key_batches(n: int, count: int = 64, seed: int = 0) -> list[np.ndarray]:
 def start_ps(tmp: Path, extra=()) -> tuple[subprocess.Popen, str]:
     tf = tmp / "token"
     tf.write_text(TOKEN)
-    p = subprocess.Popen([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0",
-                          "--dim", str(DIM), "--token-file", str(tf), *extra],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cpu_dist.sparse.server",
+            "--port",
+            "0",
+            "--dim",
+            str(DIM),
+            "--token-file",
+            str(tf),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = p.stdout.readline().strip()
     if not line.startswith("listening on "):
         p.kill()
@@ -132,10 +152,11 @@ class Ours:
 
     def __init__(self, addr: str, threads: int):
         from cpu_dist.sparse import Client
+
         self.clients = [Client([addr], TOKEN, DIM) for _ in range(threads)]
         keys = np.arange(TABLE_ROWS, dtype=np.int64)
         for i in range(0, TABLE_ROWS, 8192):
-            k = keys[i:i + 8192]
+            k = keys[i : i + 8192]
             self.clients[0].push(k, np.zeros((k.size, DIM), np.float32), 0.0)
 
     def pull(self, t, batches, n):
@@ -154,11 +175,15 @@ class TorchRpc:
 
     def __init__(self, transport: str):
         port = _free_port()
-        self.worker = subprocess.Popen([sys.executable, __file__, "--torch-worker", str(port),
-                                        transport])
-        self.trainer = subprocess.Popen([sys.executable, __file__, "--torch-trainer", str(port),
-                                         transport], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        self.worker = subprocess.Popen(
+            [sys.executable, __file__, "--torch-worker", str(port), transport]
+        )
+        self.trainer = subprocess.Popen(
+            [sys.executable, __file__, "--torch-trainer", str(port), transport],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def run(self, kind: str, n: int, threads: int, seconds: float) -> float:
         self.trainer.stdin.write(json.dumps([kind, n, threads, seconds]) + "\n")
@@ -176,13 +201,18 @@ class TorchRpc:
 
 def torch_trainer_main(port: int, transport: str) -> None:
     import torch
+
     rpc = _init_rpc(0, port, transport)
     grads = {}
     for line in sys.stdin:
         kind, n, threads, seconds = json.loads(line)
         tb = [torch.from_numpy(b) for b in key_batches(n)]
-        g = grads.setdefault(n, torch.from_numpy(
-            np.random.default_rng(1).standard_normal((n, DIM)).astype(np.float32) * 1e-3))
+        g = grads.setdefault(
+            n,
+            torch.from_numpy(
+                np.random.default_rng(1).standard_normal((n, DIM)).astype(np.float32) * 1e-3
+            ),
+        )
 
         def make(t):
             it = iter(range(1 << 62))
@@ -221,6 +251,7 @@ def bench_pair(systems: dict, sizes, thread_counts, seconds: float, rounds: int)
 
 def bench_memory(tmp: Path, rows: int, batch: int = 65536) -> dict:
     from cpu_dist.sparse import Client
+
     p, addr = start_ps(tmp)
     try:
         cl = Client([addr], TOKEN, DIM, timeout_s=300)
@@ -231,7 +262,7 @@ def bench_memory(tmp: Path, rows: int, batch: int = 65536) -> dict:
         t0 = time.perf_counter()
         for start in range(0, rows, batch):
             k = np.arange(start, min(rows, start + batch), dtype=np.int64) * 2654435761 + 17
-            h = cl.push_async(k, grads[:k.size], 0.01, "rowwise_adagrad")
+            h = cl.push_async(k, grads[: k.size], 0.01, "rowwise_adagrad")
             h.wait(300)
         insert_s = time.perf_counter() - t0
         st = cl.stats()[0]
@@ -240,11 +271,15 @@ def bench_memory(tmp: Path, rows: int, batch: int = 65536) -> dict:
     finally:
         if p.poll() is None:
             p.kill()
-    return {"mem_rows": st["rows"], "ps_resident_bytes": st["resident_bytes"],
-            "ps_resident_bytes_at_start": base, "ps_table_bytes": st["table_bytes"],
-            "ps_insert_rows_per_s": rows / insert_s,
-            "ps_bytes_per_row": st["resident_bytes"] / st["rows"] / (DIM * 4),
-            "ps_table_bytes_per_row": st["table_bytes"] / st["rows"] / (DIM * 4)}
+    return {
+        "mem_rows": st["rows"],
+        "ps_resident_bytes": st["resident_bytes"],
+        "ps_resident_bytes_at_start": base,
+        "ps_table_bytes": st["table_bytes"],
+        "ps_insert_rows_per_s": rows / insert_s,
+        "ps_bytes_per_row": st["resident_bytes"] / st["rows"] / (DIM * 4),
+        "ps_table_bytes_per_row": st["table_bytes"] / st["rows"] / (DIM * 4),
+    }
 
 
 def main() -> None:
@@ -254,15 +289,20 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--torch-trainer":
         torch_trainer_main(int(sys.argv[2]), sys.argv[3])
         return
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=0.6, help="per case and round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
     ap.add_argument("--mem-rows", type=int, default=10_000_000)
     ap.add_argument("--skip-torch", action="store_true")
-    ap.add_argument("--torch-transport", choices=["tcp", "default"], default="tcp",
-                    help="tcp: TensorPipe over TCP loopback (uv transport, basic channel), "
-                         "like our PS; default: TensorPipe's own choice (shared memory)")
+    ap.add_argument(
+        "--torch-transport",
+        choices=["tcp", "default"],
+        default="tcp",
+        help="tcp: TensorPipe over TCP loopback (uv transport, basic channel), "
+        "like our PS; default: TensorPipe's own choice (shared memory)",
+    )
     args = ap.parse_args()
     sizes, thread_counts = (256, 4096), (1, 4)
     result: dict = {"dim": DIM}
@@ -286,14 +326,19 @@ def main() -> None:
             for kind in ("pull", "push"):
                 for n in sizes:
                     for th in thread_counts:
-                        ours, theirs = result[f"ours_{kind}_{n}_t{th}"], result[f"torch_{kind}_{n}_t{th}"]
+                        ours, theirs = (
+                            result[f"ours_{kind}_{n}_t{th}"],
+                            result[f"torch_{kind}_{n}_t{th}"],
+                        )
                         suffix = "" if th == 1 else f"_t{th}"
                         result[f"{kind}_ratio_{n}{suffix}"] = ours / theirs
         if args.mem_rows > 0:
             result.update(bench_memory(tmp, args.mem_rows))
     for k, v in result.items():
         if k not in ("dim", "torch_transport"):
-            print(f"{k:32s} {v:,.3f}" if isinstance(v, float) else f"{k:32s} {v:,}", file=sys.stderr)
+            print(
+                f"{k:32s} {v:,.3f}" if isinstance(v, float) else f"{k:32s} {v:,}", file=sys.stderr
+            )
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
 
 

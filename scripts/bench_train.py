@@ -12,6 +12,7 @@ ratio_w1 (w1 / torch), commit_speedup (w2_ps / w2_barrier) and exposed_sparse_ra
 per step workers wait on sparse traffic: pulls, commit waits and, in collective mode, the
 row exchange; w2_ps / w2_barrier).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,18 +50,25 @@ def run_torch(args) -> dict:
     ds = make_dataset("synthetic", seed=0)
     num_rows = ds.num_keys
     emb = TorchEmbedding(num_rows, args.dim)
-    model = build_dlrm(emb, num_dense=ds.num_dense, num_sparse=ds.num_sparse, dim=args.dim,
-                       bot_mlp=mlp_widths(args.bot, "bot"), top_mlp=mlp_widths(args.top, "top"),
-                       seed=0)
+    model = build_dlrm(
+        emb,
+        num_dense=ds.num_dense,
+        num_sparse=ds.num_sparse,
+        dim=args.dim,
+        bot_mlp=mlp_widths(args.bot, "bot"),
+        top_mlp=mlp_widths(args.top, "top"),
+        seed=0,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     batches = train_batches(ds, args.batch_size)
     t0 = time.perf_counter()
-    for step in range(args.steps):
+    for _ in range(args.steps):
         _, b = next(batches)
         opt.zero_grad()
-        loss = loss_fn(model(torch.from_numpy(b.dense), torch.from_numpy(b.keys)),
-                       torch.from_numpy(b.labels))
+        loss = loss_fn(
+            model(torch.from_numpy(b.dense), torch.from_numpy(b.keys)), torch.from_numpy(b.labels)
+        )
         loss.backward()
         opt.step()
     secs = time.perf_counter() - t0
@@ -70,29 +78,59 @@ def run_torch(args) -> dict:
 def run_ours(args, name: str, workers: int, extra: list[str]) -> dict:
     out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
     env = mpi_env()  # scripts/env.sh, as users run
-    cmd = ["mpirun", "-np", str(workers + 1), sys.executable, str(ROOT / "launcher.py"),
-           "--worker-num", str(workers), "--batch-size", str(args.batch_size),
-           "--max_step", str(args.steps), "--embedding-dim", str(args.dim),
-           "--arch-mlp-bot", args.bot, "--arch-mlp-top", args.top, "--lr", str(args.lr),
-           "--eval-every", "0", "--eval-batches", "1", "--no-progress",
-           "--metrics-out", str(out), *extra]
+    cmd = [
+        "mpirun",
+        "-np",
+        str(workers + 1),
+        sys.executable,
+        str(ROOT / "launcher.py"),
+        "--worker-num",
+        str(workers),
+        "--batch-size",
+        str(args.batch_size),
+        "--max_step",
+        str(args.steps),
+        "--embedding-dim",
+        str(args.dim),
+        "--arch-mlp-bot",
+        args.bot,
+        "--arch-mlp-top",
+        args.top,
+        "--lr",
+        str(args.lr),
+        "--eval-every",
+        "0",
+        "--eval-batches",
+        "1",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    summary = [json.loads(l)["summary"] for l in out.read_text().splitlines() if '"summary"' in l][-1]
+    summary = [
+        json.loads(line)["summary"] for line in out.read_text().splitlines() if '"summary"' in line
+    ][-1]
     steps = summary["steps"]
     per_step = {k[2:]: v / steps for k, v in summary.items() if k.startswith("t_")}
-    return {"samples_per_s": summary["samples_per_s"], "seconds": summary["seconds"],
-            "phase_s_per_step": per_step,
-            # pull + every wait on a commit (acks and application) + collective row exchange
-            "exposed_sparse_s_per_step": summary["exposed_sparse_s"] / steps,
-            "commit_wait_s_per_step": summary["commit_wait_s"] / steps,
-            "bytes_pulled_per_step": summary["bytes_pulled"] / steps,
-            "bytes_pushed_per_step": summary["bytes_pushed"] / steps}
+    return {
+        "samples_per_s": summary["samples_per_s"],
+        "seconds": summary["seconds"],
+        "phase_s_per_step": per_step,
+        # pull + every wait on a commit (acks and application) + collective row exchange
+        "exposed_sparse_s_per_step": summary["exposed_sparse_s"] / steps,
+        "commit_wait_s_per_step": summary["commit_wait_s"] / steps,
+        "bytes_pulled_per_step": summary["bytes_pulled"] / steps,
+        "bytes_pushed_per_step": summary["bytes_pushed"] / steps,
+    }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--dim", type=int, default=64)
@@ -102,9 +140,12 @@ def main() -> None:
     args = p.parse_args()
     res = {"torch": run_torch(args)}
     print("torch", json.dumps(res["torch"]), flush=True)
-    for name, workers, extra in [("w1", 1, []), ("w2_ps", 2, []),
-                                 ("w2_coll", 2, ["--aggregation", "collective"]),
-                                 ("w2_barrier", 2, ["--sparse-sync", "barrier"])]:
+    for name, workers, extra in [
+        ("w1", 1, []),
+        ("w2_ps", 2, []),
+        ("w2_coll", 2, ["--aggregation", "collective"]),
+        ("w2_barrier", 2, ["--sparse-sync", "barrier"]),
+    ]:
         res[name] = run_ours(args, name, workers, extra)
         print(name, json.dumps(res[name]), flush=True)
     sps = {k: v["samples_per_s"] for k, v in res.items()}
@@ -112,12 +153,17 @@ def main() -> None:
     line["ratio_w1"] = round(sps["w1"] / sps["torch"], 3)
     line["ratio_w2"] = round(sps["w2_ps"] / sps["torch"], 3)
     line["commit_speedup"] = round(sps["w2_ps"] / sps["w2_barrier"], 3)
-    line["exposed_sparse_ratio"] = round(res["w2_ps"]["exposed_sparse_s_per_step"] /
-                                         max(res["w2_barrier"]["exposed_sparse_s_per_step"], 1e-9), 3)
+    line["exposed_sparse_ratio"] = round(
+        res["w2_ps"]["exposed_sparse_s_per_step"]
+        / max(res["w2_barrier"]["exposed_sparse_s_per_step"], 1e-9),
+        3,
+    )
     for k in ("w2_ps", "w2_coll", "w2_barrier"):
         line[f"commit_wait_ms_{k}"] = round(1e3 * res[k]["commit_wait_s_per_step"], 2)
         line[f"exposed_sparse_ms_{k}"] = round(1e3 * res[k]["exposed_sparse_s_per_step"], 2)
-    line["phase_ms_per_step_w1"] = {k: round(1e3 * v, 2) for k, v in res["w1"]["phase_s_per_step"].items()}
+    line["phase_ms_per_step_w1"] = {
+        k: round(1e3 * v, 2) for k, v in res["w1"]["phase_s_per_step"].items()
+    }
     print(json.dumps(line), flush=True)
 
 

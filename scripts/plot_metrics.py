@@ -7,6 +7,7 @@ Reads the layout of cpu_dist/train/metrics.py: step lines carry "loss" (and "sam
 "t_<phase>" cumulative seconds), eval lines carry "eval_auc", a final line "summary". The
 phase panel shows seconds per step in each window between logged steps, stacked.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,7 @@ def phase_rates(steps: list[dict]) -> tuple[list[float], dict[str, list[float]]]
         names += [k for k in rec if k.startswith("t_") and k not in names]
     xs: list[float] = []
     out: dict[str, list[float]] = {k[2:]: [] for k in names}
-    prev_step, prev = 0, {k: 0.0 for k in names}
+    prev_step, prev = 0, dict.fromkeys(names, 0.0)
     for rec in steps:
         n = rec["step"] - prev_step
         if n <= 0:

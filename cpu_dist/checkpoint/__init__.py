@@ -6,10 +6,23 @@ Layout of ``--checkpoint-dir DIR`` (see README "Checkpoints"):
     DIR/step-00000123/dense.pt                   dense params, optimizer, RNG, data position
     DIR/step-00000123/manifest.json              written last: a directory without one is ignored
 """
+
 from __future__ import annotations
 
-from .manifest import (FORMAT_VERSION, CheckpointError, Manifest, find_latest, read_manifest,
-                       step_dir_name)
+from .manifest import (
+    FORMAT_VERSION,
+    CheckpointError,
+    Manifest,
+    find_latest,
+    read_manifest,
+    step_dir_name,
+)
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "Manifest", "find_latest", "read_manifest",
-           "step_dir_name"]
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "Manifest",
+    "find_latest",
+    "read_manifest",
+    "step_dir_name",
+]

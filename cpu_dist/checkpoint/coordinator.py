@@ -11,6 +11,7 @@ every file's presence and size, the dense file's checksum) before anything is lo
 has every shard load the rows it owns from all shard files (re-partitioning when the shard
 count changed); every worker then loads the dense state.  Training resumes at step t+1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,22 +24,52 @@ from mpi4py import MPI
 from cpu_dist.common.mpi_context import wait_all
 
 from . import dense_state
-from .manifest import (DENSE, FileEntry, Manifest, check_files, check_matches,
-                       find_latest, prune, shard_file_name, step_dir_name)
+from .manifest import (
+    DENSE,
+    FileEntry,
+    Manifest,
+    check_files,
+    check_matches,
+    find_latest,
+    prune,
+    shard_file_name,
+    step_dir_name,
+)
 
 # Flags a resumed job must share with the checkpoint: they decide what the saved state means.
-MUST_MATCH = ("embedding_dim", "arch_mlp_bot", "arch_mlp_top", "dtype", "dense_optimizer",
-              "sparse_optimizer", "batch_size", "data", "seed", "init_scale")
+MUST_MATCH = (
+    "embedding_dim",
+    "arch_mlp_bot",
+    "arch_mlp_top",
+    "dtype",
+    "dense_optimizer",
+    "sparse_optimizer",
+    "batch_size",
+    "data",
+    "seed",
+    "init_scale",
+)
 
 
 def _config(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in sorted(vars(args).items())
-            if isinstance(v, (str, int, float, bool, type(None)))}
+    return {
+        k: v
+        for k, v in sorted(vars(args).items())
+        if isinstance(v, (str, int, float, bool, type(None)))
+    }
 
 
 class Checkpointer:
-    def __init__(self, args: argparse.Namespace, comm: MPI.Intracomm, client, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, updater, table: str) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        comm: MPI.Intracomm,
+        client,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        updater,
+        table: str,
+    ) -> None:
         self.args, self.comm, self.client = args, comm, client
         self.model, self.optimizer, self.updater, self.table = model, optimizer, updater, table
         self.root = Path(args.checkpoint_dir).resolve() if args.checkpoint_dir else None
@@ -68,11 +99,25 @@ class Checkpointer:
         n = self.client.num_shards
         paths = [f"{name}/{shard_file_name(i, n)}" for i in range(n)]
         results = self.client.save(paths, step, self.updater.session, step - self.updater.base)
-        shards = [FileEntry(file=Path(p).name, bytes=int(r["bytes"]), crc32=int(r["checksum"]),
-                            rows=int(r["rows"])) for p, r in zip(paths, results)]
+        shards = [
+            FileEntry(
+                file=Path(p).name,
+                bytes=int(r["bytes"]),
+                crc32=int(r["checksum"]),
+                rows=int(r["rows"]),
+            )
+            for p, r in zip(paths, results)
+        ]
         dense = dense_state.save_dense(step_dir / DENSE, self.model, self.optimizer, step)
-        m = Manifest(step=step, table=self.table, dim=self.args.embedding_dim, num_shards=n,
-                     shards=shards, dense=dense, config=_config(self.args))
+        m = Manifest(
+            step=step,
+            table=self.table,
+            dim=self.args.embedding_dim,
+            num_shards=n,
+            shards=shards,
+            dense=dense,
+            config=_config(self.args),
+        )
         m.write(step_dir)
         if self.keep > 0:
             prune(self.root, self.keep)
@@ -87,14 +132,26 @@ class Checkpointer:
         if self.chief:
             m = find_latest(self.root)
             if m is None:
-                print(f"cpu_dist: --resume: no complete checkpoint in {self.root}; starting at "
-                      "step 0", file=sys.stderr, flush=True)
+                print(
+                    f"cpu_dist: --resume: no complete checkpoint in {self.root}; starting at "
+                    "step 0",
+                    file=sys.stderr,
+                    flush=True,
+                )
             else:
-                check_matches(m, dim=self.args.embedding_dim, table=self.table,
-                              config=_config(self.args), must_match=MUST_MATCH)
+                check_matches(
+                    m,
+                    dim=self.args.embedding_dim,
+                    table=self.table,
+                    config=_config(self.args),
+                    must_match=MUST_MATCH,
+                )
                 check_files(m)
-                self.client.load([f"{m.path.name}/{e.file}" for e in m.shards],
-                                 [e.bytes for e in m.shards], [e.crc32 for e in m.shards])
+                self.client.load(
+                    [f"{m.path.name}/{e.file}" for e in m.shards],
+                    [e.bytes for e in m.shards],
+                    [e.crc32 for e in m.shards],
+                )
                 info = (str(m.path), m.step)
         info = self.comm.bcast(info, root=0)
         if info is None:
@@ -102,6 +159,9 @@ class Checkpointer:
         path, step = info
         dense_state.load_dense(Path(path) / DENSE, self.model, self.optimizer, step)
         if self.chief:
-            print(f"cpu_dist: resumed from {path} (step {step}); continuing at step {step + 1}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"cpu_dist: resumed from {path} (step {step}); continuing at step {step + 1}",
+                file=sys.stderr,
+                flush=True,
+            )
         return step + 1

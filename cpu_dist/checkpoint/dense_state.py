@@ -1,6 +1,7 @@
 """Worker 0's part of a checkpoint: dense parameters, dense optimizer state, random-number
 state and the data position, in one torch file.  Every worker loads it on resume, so every
 worker's optimizer continues from the same state (they all step on the same averaged grads)."""
+
 from __future__ import annotations
 
 import io
@@ -16,10 +17,13 @@ from .manifest import CheckpointError, FileEntry
 
 def _rng_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.copy()),
-                                                      int(pos), int(has_gauss), float(cached)],
-            "python": list(random.getstate()[1]), "python_version": random.getstate()[0],
-            "python_gauss": random.getstate()[2]}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.copy()), int(pos), int(has_gauss), float(cached)],
+        "python": list(random.getstate()[1]),
+        "python_version": random.getstate()[0],
+        "python_gauss": random.getstate()[2],
+    }
 
 
 def _set_rng_state(s: dict) -> None:
@@ -29,34 +33,46 @@ def _set_rng_state(s: dict) -> None:
     random.setstate((s["python_version"], tuple(s["python"]), s["python_gauss"]))
 
 
-def save_dense(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               step: int) -> FileEntry:
+def save_dense(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
+) -> FileEntry:
     """``step``: the last step the state includes; training resumes at ``step + 1``."""
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "rng": _rng_state(), "step": int(step), "next_step": int(step) + 1}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": _rng_state(),
+        "step": int(step),
+        "next_step": int(step) + 1,
+    }
     buf = io.BytesIO()
     torch.save(state, buf)
     size, crc = atomic_write(path, lambda f: f.write(buf.getbuffer()))
     return FileEntry(file=path.name, bytes=size, crc32=crc)
 
 
-def load_dense(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               step: int) -> None:
+def load_dense(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
+) -> None:
     """Loads everything or raises CheckpointError naming the file (the model is only touched
     once the whole file has been read and checked)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error for users
+    except Exception as exc:
         raise CheckpointError(f"checkpoint {path}: unreadable dense state ({exc})") from None
     if not isinstance(state, dict) or state.get("step") != step:
-        raise CheckpointError(f"checkpoint {path}: holds step {state.get('step') if isinstance(state, dict) else '?'}"
-                              f", the manifest says {step}")
+        raise CheckpointError(
+            f"checkpoint {path}: holds step {state.get('step') if isinstance(state, dict) else '?'}"
+            f", the manifest says {step}"
+        )
     want = model.state_dict()
     got = state["model"]
-    if set(got) != set(want) or any(got[k].shape != want[k].shape or got[k].dtype != want[k].dtype
-                                    for k in want):
-        raise CheckpointError(f"checkpoint {path}: dense parameters do not match this model "
-                              f"(other --arch-mlp-bot/--arch-mlp-top/--dtype?)")
+    if set(got) != set(want) or any(
+        got[k].shape != want[k].shape or got[k].dtype != want[k].dtype for k in want
+    ):
+        raise CheckpointError(
+            f"checkpoint {path}: dense parameters do not match this model "
+            f"(other --arch-mlp-bot/--arch-mlp-top/--dtype?)"
+        )
     model.load_state_dict(got)
     optimizer.load_state_dict(state["optimizer"])
     _set_rng_state(state["rng"])

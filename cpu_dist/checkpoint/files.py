@@ -1,11 +1,13 @@
 """Crash-safe file writes: a temporary name, flushed and fsynced, then renamed over the final
 name, then the directory fsynced, so that a reader sees either the old state or the new file."""
+
 from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, IO
+from typing import IO
 
 CHUNK = 8 << 20
 

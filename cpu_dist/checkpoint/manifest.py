@@ -1,6 +1,7 @@
 """The manifest of one checkpoint: what it holds, where, and checksums.  Written last (and
 atomically), so a step directory without a manifest is an unfinished checkpoint and ignored;
 one with a manifest must be whole, and every problem with it is an error that names the file."""
+
 from __future__ import annotations
 
 import json
@@ -32,16 +33,16 @@ def shard_file_name(shard: int, num_shards: int) -> str:
 
 @dataclass
 class FileEntry:
-    file: str     # relative to the step directory
+    file: str  # relative to the step directory
     bytes: int
-    crc32: int    # dense: of the whole file; shard files: of the file's header, which holds
-                  # the checksum of every partition block (checked by the shard that loads it)
+    crc32: int  # dense: of the whole file; shard files: of the file's header, which holds
+    # the checksum of every partition block (checked by the shard that loads it)
     rows: int = 0
 
 
 @dataclass
 class Manifest:
-    step: int                 # the last step whose updates the checkpoint holds
+    step: int  # the last step whose updates the checkpoint holds
     table: str
     dim: int
     num_shards: int
@@ -77,19 +78,29 @@ def read_manifest(step_dir: Path) -> Manifest:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: not a {FORMAT} manifest")
     if raw.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path}: format version {raw.get('format_version')!r}, "
-                              f"this build reads version {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path}: format version {raw.get('format_version')!r}, "
+            f"this build reads version {FORMAT_VERSION}"
+        )
     try:
-        m = Manifest(step=int(raw["step"]), table=str(raw["table"]), dim=int(raw["dim"]),
-                     num_shards=int(raw["num_shards"]),
-                     shards=[FileEntry(**e) for e in raw["shards"]],
-                     dense=FileEntry(**raw["dense"]), config=dict(raw.get("config", {})))
+        m = Manifest(
+            step=int(raw["step"]),
+            table=str(raw["table"]),
+            dim=int(raw["dim"]),
+            num_shards=int(raw["num_shards"]),
+            shards=[FileEntry(**e) for e in raw["shards"]],
+            dense=FileEntry(**raw["dense"]),
+            config=dict(raw.get("config", {})),
+        )
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path}: corrupt manifest (bad or missing field: "
-                              f"{exc})") from None
+        raise CheckpointError(
+            f"checkpoint {path}: corrupt manifest (bad or missing field: {exc})"
+        ) from None
     if len(m.shards) != m.num_shards or m.num_shards < 1:
-        raise CheckpointError(f"checkpoint {path}: corrupt manifest ({len(m.shards)} shard "
-                              f"files for num_shards {m.num_shards})")
+        raise CheckpointError(
+            f"checkpoint {path}: corrupt manifest ({len(m.shards)} shard "
+            f"files for num_shards {m.num_shards})"
+        )
     for e in [*m.shards, m.dense]:
         if "/" in e.file or e.file.startswith("."):
             raise CheckpointError(f"checkpoint {path}: corrupt manifest (file name {e.file!r})")
@@ -97,8 +108,9 @@ def read_manifest(step_dir: Path) -> Manifest:
     return m
 
 
-def check_matches(m: Manifest, *, dim: int, table: str, config: dict,
-                  must_match: tuple[str, ...]) -> None:
+def check_matches(
+    m: Manifest, *, dim: int, table: str, config: dict, must_match: tuple[str, ...]
+) -> None:
     """Refuses a checkpoint of another table, dimension or model configuration."""
     where = f"checkpoint {m.path / MANIFEST}"
     if m.table != table:
@@ -107,8 +119,10 @@ def check_matches(m: Manifest, *, dim: int, table: str, config: dict,
         raise CheckpointError(f"{where}: embedding dim {m.dim}, this job has dim {dim}")
     for key in must_match:
         if key in m.config and m.config[key] != config.get(key):
-            raise CheckpointError(f"{where}: --{key.replace('_', '-')} {m.config[key]!r} in the "
-                                  f"checkpoint, {config.get(key)!r} in this job")
+            raise CheckpointError(
+                f"{where}: --{key.replace('_', '-')} {m.config[key]!r} in the "
+                f"checkpoint, {config.get(key)!r} in this job"
+            )
 
 
 def check_files(m: Manifest) -> None:
@@ -122,12 +136,15 @@ def check_files(m: Manifest) -> None:
             raise CheckpointError(f"checkpoint {p}: missing") from None
         if size != e.bytes:
             what = "truncated" if size < e.bytes else "too long"
-            raise CheckpointError(f"checkpoint {p}: {what} ({size} bytes, the manifest says "
-                                  f"{e.bytes})")
+            raise CheckpointError(
+                f"checkpoint {p}: {what} ({size} bytes, the manifest says {e.bytes})"
+            )
     size, crc = file_crc32(m.file(m.dense))
     if crc != m.dense.crc32:
-        raise CheckpointError(f"checkpoint {m.file(m.dense)}: corrupt (crc32 {crc:08x}, the "
-                              f"manifest says {m.dense.crc32:08x})")
+        raise CheckpointError(
+            f"checkpoint {m.file(m.dense)}: corrupt (crc32 {crc:08x}, the "
+            f"manifest says {m.dense.crc32:08x})"
+        )
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:

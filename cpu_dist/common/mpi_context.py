@@ -4,6 +4,7 @@ Ranks ``0..W-1`` are workers, the rest parameter-server shards.  Workers talk to
 over MPI (dense gradients) and to the shards over gRPC (sparse rows); the only world-wide MPI
 traffic is at start (token, session, PS addresses) and at the end (a non-blocking barrier).
 """
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -29,7 +31,7 @@ class Roles:
     worker_num: int
     is_worker: bool
     comm: MPI.Intracomm  # workers among themselves, or PS ranks among themselves
-    role_rank: int       # index within the role (worker index or PS shard index)
+    role_rank: int  # index within the role (worker index or PS shard index)
     role_size: int
 
     @property
@@ -104,7 +106,7 @@ def run_or_abort(fn: Callable[[], T], describe: Callable[[], str]) -> T:
         return fn()
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - every failure must end the job
+    except BaseException as exc:
         who = describe()
         sys.stderr.write(f"cpu_dist: {who} failed: {type(exc).__name__}: {exc}\n")
         if os.environ.get("CPU_DIST_TRACEBACK", "1") != "0":

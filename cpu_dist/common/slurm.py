@@ -14,17 +14,25 @@ one on each side of ``MPI_Init``, turn both into one actionable message:
 Both do nothing outside an srun step (plain ``mpirun``, an ``sbatch`` script's own batch step,
 ``mpirun`` inside an allocation), so the framework needs no other Slurm-specific code.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 __all__ = ["check_launch_environment", "check_world_size"]
 
 # Variables through which a launcher hands a task its PMI/PMIx server (Slurm's pmix and pmi2
 # plugins, OpenMPI's mpirun, MPICH's hydra). Any of them means "a launcher wired this task up".
-_PMI_VARS = ("PMIX_NAMESPACE", "PMIX_RANK", "PMIX_SERVER_URI2", "PMI_FD", "PMI_RANK",
-             "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+_PMI_VARS = (
+    "PMIX_NAMESPACE",
+    "PMIX_RANK",
+    "PMIX_SERVER_URI2",
+    "PMI_FD",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+)
 
 # Slurm's PMIx plugin names a step's namespace "slurm.pmix.<job>.<step>".
 _SLURM_PMIX_PREFIX = "slurm.pmix."

@@ -6,6 +6,7 @@ the node W times.  Each worker takes an equal share of the cores it may run on i
 single worker uses the whole node.  OMP_NUM_THREADS, when set (Slurm's cpus-per-task, a
 user), wins.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """One global training batch, and each worker's slice of it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,13 +25,14 @@ class Batch:
             raise ValueError("Batch wants dense [B, Fd], keys [B, Fs], labels [B]")
         if self.dense.shape[0] != b or self.keys.shape[0] != b:
             raise ValueError(
-                f"batch sizes differ: dense {self.dense.shape}, keys {self.keys.shape}, labels {self.labels.shape}"
+                f"batch sizes differ: dense {self.dense.shape}, keys {self.keys.shape}, "
+                f"labels {self.labels.shape}"
             )
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def shard(self, rank: int, world: int) -> "Batch":
+    def shard(self, rank: int, world: int) -> Batch:
         """Rows ``[rank*B/W, (rank+1)*B/W)``: worker ``rank``'s part of the global batch.
 
         Contiguous slices keep the global batch the concatenation of the local ones in rank

@@ -21,18 +21,23 @@ Batches are global batches in file order; a last partial batch is dropped, so ev
 the full global batch that the workers split evenly. Files ending in ``.gz`` are read through
 gzip.
 """
+
 from __future__ import annotations
 
 import gzip
 import io
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
 from cpu_dist.data.batch import Batch
-from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, CRITEO_FEATURE_SHIFT, check_criteo_hash_size
+from cpu_dist.data.keys import (
+    CRITEO_DEFAULT_HASH_SIZE,
+    CRITEO_FEATURE_SHIFT,
+    check_criteo_hash_size,
+)
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -74,7 +79,7 @@ class CriteoTSV:
     def _open(self) -> io.TextIOBase:
         if self.path.endswith(".gz"):
             return gzip.open(self.path, "rt", encoding="utf-8", errors="replace", newline="\n")
-        return open(self.path, "rt", encoding="utf-8", errors="replace", newline="\n")
+        return open(self.path, encoding="utf-8", errors="replace", newline="\n")
 
     def _in_split(self, line_index: int, split: str) -> bool:
         is_eval = self.eval_every > 0 and line_index % self.eval_every == self.eval_every - 1
@@ -87,7 +92,9 @@ class CriteoTSV:
         """
         fields = line.rstrip("\r\n").split("\t")
         if len(fields) != NUM_FIELDS:
-            self._fail(line_number, f"expected {NUM_FIELDS} tab-separated fields, found {len(fields)}")
+            self._fail(
+                line_number, f"expected {NUM_FIELDS} tab-separated fields, found {len(fields)}"
+            )
         label = fields[0]
         if label not in ("0", "1"):
             self._fail(line_number, f"label must be 0 or 1, found {label!r}")
@@ -98,7 +105,9 @@ class CriteoTSV:
             elif _INT_RE.match(s):
                 dense.append(float(int(s)))
             else:
-                self._fail(line_number, f"integer field I{j + 1} (column {j + 2}) is not an integer: {s!r}")
+                self._fail(
+                    line_number, f"integer field I{j + 1} (column {j + 2}) is not an integer: {s!r}"
+                )
         ids: list[int] = []
         for f, s in enumerate(fields[1 + NUM_DENSE :]):
             if not s:
@@ -106,13 +115,17 @@ class CriteoTSV:
             elif _HEX_RE.match(s):
                 ids.append(int(s, 16) % self.hash_size)
             else:
-                self._fail(line_number, f"categorical field C{f + 1} (column {f + 15}) is not hex: {s!r}")
+                self._fail(
+                    line_number, f"categorical field C{f + 1} (column {f + 15}) is not hex: {s!r}"
+                )
         return float(label), dense, ids
 
     def _fail(self, line_number: int, problem: str) -> None:
         raise CriteoFormatError(f"{self.path}:{line_number}: {problem}")
 
-    def _make_batch(self, labels: list[float], dense: list[list[float]], ids: list[list[int]]) -> Batch:
+    def _make_batch(
+        self, labels: list[float], dense: list[list[float]], ids: list[list[int]]
+    ) -> Batch:
         d = dense_transform(np.asarray(dense, dtype=np.float64))
         keys = np.asarray(ids, dtype=np.int64) | self._feature_bits[None, :]
         return Batch(dense=d, keys=keys, labels=np.asarray(labels, dtype=np.float32))
@@ -163,4 +176,3 @@ class CriteoTSV:
 def dense_transform(raw: np.ndarray) -> np.ndarray:
     """The dense transform alone (missing already 0): clamp negatives, ``log1p``; float32."""
     return np.log1p(np.maximum(np.asarray(raw, dtype=np.float64), 0.0)).astype(np.float32)
-

@@ -1,8 +1,10 @@
 """One entry point for both data sources, so the trainer and the reference read alike."""
+
 from __future__ import annotations
 
 import os
-from typing import Iterator, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from cpu_dist.data.batch import Batch
 from cpu_dist.data.criteo import CriteoTSV
@@ -17,7 +19,9 @@ class Dataset(Protocol):
     num_dense: int
     num_sparse: int
 
-    def train_batches(self, batch_size: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]: ...
+    def train_batches(
+        self, batch_size: int, start_step: int = 0
+    ) -> Iterator[tuple[int, Batch]]: ...
 
     def eval_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]: ...
 
@@ -40,17 +44,24 @@ def make_dataset(
     by the kind that does not use them."""
     if kind == "synthetic":
         return SyntheticCriteo(
-            cardinalities=cardinalities, zipf_exponent=zipf_exponent, seed=seed,
-            num_dense=num_dense, num_sparse=num_sparse,
+            cardinalities=cardinalities,
+            zipf_exponent=zipf_exponent,
+            seed=seed,
+            num_dense=num_dense,
+            num_sparse=num_sparse,
         )
     if kind == "criteo":
         if path is None:
             raise ValueError("the criteo dataset needs a path to a TSV file")
-        return CriteoTSV(path, hash_size=hash_size, skip_bad_lines=skip_bad_lines, eval_every=eval_every)
+        return CriteoTSV(
+            path, hash_size=hash_size, skip_bad_lines=skip_bad_lines, eval_every=eval_every
+        )
     raise ValueError(f"unknown dataset kind {kind!r} (expected 'synthetic' or 'criteo')")
 
 
-def train_batches(dataset: Dataset, batch_size: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
+def train_batches(
+    dataset: Dataset, batch_size: int, start_step: int = 0
+) -> Iterator[tuple[int, Batch]]:
     """``(step, global batch)`` from ``start_step`` on: endless for synthetic data, one pass
     over the file for Criteo (the caller stops after its step count)."""
     if start_step < 0:

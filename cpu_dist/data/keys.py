@@ -18,9 +18,10 @@ Two layouts exist because the two data sources differ:
 Steps handle keys as sorted unique int64 arrays; ``find_sorted`` is the one membership test
 between two of them.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,7 +42,9 @@ def synthetic_offsets(cardinalities: Sequence[int]) -> np.ndarray:
     """Exclusive cumulative sum of the cardinalities: feature f's first key, int64 [F]."""
     card = np.asarray(cardinalities, dtype=np.int64)
     if card.ndim != 1 or card.size == 0 or np.any(card <= 0):
-        raise ValueError(f"cardinalities must be a non-empty list of positive ints, got {cardinalities!r}")
+        raise ValueError(
+            f"cardinalities must be a non-empty list of positive ints, got {cardinalities!r}"
+        )
     return np.concatenate([[0], np.cumsum(card)[:-1]]).astype(np.int64)
 
 
@@ -58,7 +61,9 @@ def check_criteo_hash_size(hash_size: int) -> int:
     return hash_size
 
 
-def fuse_criteo(feature: int | np.ndarray, value: int | np.ndarray, hash_size: int = CRITEO_DEFAULT_HASH_SIZE):
+def fuse_criteo(
+    feature: int | np.ndarray, value: int | np.ndarray, hash_size: int = CRITEO_DEFAULT_HASH_SIZE
+):
     """Fused key of raw Criteo categorical value(s): ``(feature << 32) | (value % hash_size)``.
 
     ``value`` is the integer the hex string encodes (0 for a missing field, see the reader).

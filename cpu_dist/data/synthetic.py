@@ -21,11 +21,12 @@ The generative model:
   of ``sigmoid(logit)``. The sparse part is learnable for ids that recur, which under Zipf are
   the ones that carry most of the traffic.
 """
+
 from __future__ import annotations
 
 import functools
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -37,8 +38,32 @@ from cpu_dist.sparse.contracts import mix64
 # small ones) with the huge ones cut to 1e5-1e6 so that a 2-core machine copes: 200 steps at
 # batch 2048 with the default exponent touch about 0.59 M distinct keys out of 3.5 M.
 DEFAULT_CARDINALITIES: tuple[int, ...] = (
-    1460, 583, 1_000_000, 200_000, 305, 24, 12517, 633, 3, 50_000, 5683, 800_000, 3194,
-    27, 14992, 500_000, 10, 5652, 2173, 4, 700_000, 18, 15, 100_000, 105, 100_000,
+    1460,
+    583,
+    1_000_000,
+    200_000,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    50_000,
+    5683,
+    800_000,
+    3194,
+    27,
+    14992,
+    500_000,
+    10,
+    5652,
+    2173,
+    4,
+    700_000,
+    18,
+    15,
+    100_000,
+    105,
+    100_000,
 )
 
 _SPLIT_CODES = {"train": 1, "eval": 2}
@@ -91,7 +116,9 @@ class SyntheticCriteo:
             cardinalities = [base[i % len(base)] for i in range(num_sparse)]
         cardinalities = [int(c) for c in cardinalities]
         if len(cardinalities) != num_sparse:
-            raise ValueError(f"{len(cardinalities)} cardinalities given for {num_sparse} sparse features")
+            raise ValueError(
+                f"{len(cardinalities)} cardinalities given for {num_sparse} sparse features"
+            )
         if any(c <= 0 or c > _MAX_CARDINALITY for c in cardinalities):
             raise ValueError(f"cardinalities must be in [1, 2**31], got {cardinalities}")
         if zipf_exponent <= 0:
@@ -150,7 +177,9 @@ class SyntheticCriteo:
         if split not in _SPLIT_CODES:
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if step < 0 or batch_size <= 0:
-            raise ValueError(f"need step >= 0 and batch_size > 0, got step={step}, batch_size={batch_size}")
+            raise ValueError(
+                f"need step >= 0 and batch_size > 0, got step={step}, batch_size={batch_size}"
+            )
         rng = np.random.default_rng([self.seed, _SPLIT_CODES[split], int(step), int(batch_size)])
         z = rng.standard_normal((batch_size, self.num_dense))
         counts = np.floor(np.exp(self._dense_mu + self._dense_sigma * z))

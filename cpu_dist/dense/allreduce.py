@@ -3,9 +3,10 @@
 Each bucket is one contiguous tensor per dtype and ``param.grad`` are views into it, so
 autograd accumulates straight into the buffer that MPI reduces: no copy in, no copy out.
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from mpi4py import MPI
@@ -14,16 +15,22 @@ DEFAULT_BUCKET_BYTES = 16 << 20
 
 
 class GradientBuckets:
-    def __init__(self, params: Iterable[torch.nn.Parameter], comm: MPI.Intracomm,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        comm: MPI.Intracomm,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
         self.comm = comm
         self.world = comm.Get_size()
         self.buckets: list[torch.Tensor] = []
         self.bytes_reduced = 0
         group: list[torch.nn.Parameter] = []
         for p in [p for p in params if p.requires_grad]:
-            if group and (p.dtype != group[0].dtype or
-                          sum(q.numel() for q in group) * p.element_size() >= bucket_bytes):
+            if group and (
+                p.dtype != group[0].dtype
+                or sum(q.numel() for q in group) * p.element_size() >= bucket_bytes
+            ):
                 self._make_bucket(group)
                 group = []
             group.append(p)
@@ -35,7 +42,7 @@ class GradientBuckets:
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p)
+            p.grad = flat[offset : offset + n].view_as(p)
             offset += n
         self.buckets.append(flat)
 
@@ -62,8 +69,9 @@ def broadcast_parameters(module: torch.nn.Module, comm: MPI.Intracomm, root: int
                 t.copy_(buf)
 
 
-def make_dense_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float
-                         ) -> torch.optim.Optimizer:
+def make_dense_optimizer(
+    name: str, params: Iterable[torch.nn.Parameter], lr: float
+) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
     if name == "adamw":

@@ -1,4 +1,5 @@
 """Models: DLRM and the parameter-server-backed embedding layer it (or any model) can use."""
+
 from cpu_dist.models.dlrm import DLRM, build_dlrm, parse_mlp
 from cpu_dist.models.embedding import RowStore, ShardedEmbedding
 

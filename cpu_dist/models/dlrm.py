@@ -16,10 +16,11 @@ over the parameter server (:class:`ShardedEmbedding`) or a local ``nn.EmbeddingB
 parameters are ``bot.*`` and ``top.*``; :meth:`DLRM.dense_named_parameters` leaves out any
 parameters the embedding module has, since those are sparse state, not dense.
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -76,9 +77,13 @@ class DLRM(nn.Module):
         if not top_mlp:
             raise ValueError("top_mlp must have at least one width (the final one is 1)")
         if top_mlp[-1] != 1:
-            raise ValueError(f"the top MLP's last width must be 1 (one logit per sample), got top_mlp={top_mlp}")
+            raise ValueError(
+                f"the top MLP's last width must be 1 (one logit per sample), got top_mlp={top_mlp}"
+            )
         if num_dense <= 0 or num_sparse <= 0:
-            raise ValueError(f"need num_dense > 0 and num_sparse > 0, got {num_dense}, {num_sparse}")
+            raise ValueError(
+                f"need num_dense > 0 and num_sparse > 0, got {num_dense}, {num_sparse}"
+            )
         self.num_dense, self.num_sparse, self.dim = num_dense, num_sparse, dim
         self.embedding = embedding
         self.bot = _mlp(num_dense, bot_mlp, last_activation=True)
@@ -93,7 +98,9 @@ class DLRM(nn.Module):
         gram = torch.bmm(t, t.transpose(1, 2))
         return torch.cat([bottom, gram[:, self._triu[0], self._triu[1]]], dim=1)
 
-    def forward(self, dense: torch.Tensor, keys: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, dense: torch.Tensor, keys: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits ``[B]``. ``rows`` (pre-pulled rows of the unique keys) go to the embedding."""
         dtype = self.bot[0].weight.dtype
         bottom = self.bot(torch.as_tensor(dense).to(dtype))

@@ -6,6 +6,7 @@ per-unique-key gradient the trainer pushes back to the store. Deduplicating befo
 keeps the traffic at one row per distinct key, and summing the gradients of repeated keys is
 exactly what autograd does for the indexing.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -64,7 +65,9 @@ class ShardedEmbedding(nn.Module):
             return planned[2], planned[3]
         return self._unique(keys, True)
 
-    def forward(self, keys: torch.Tensor, rows: torch.Tensor | np.ndarray | None = None) -> torch.Tensor:
+    def forward(
+        self, keys: torch.Tensor, rows: torch.Tensor | np.ndarray | None = None
+    ) -> torch.Tensor:
         """``keys [B, F]`` int64 -> ``[B, F, dim]`` in ``self.dtype``.
 
         ``rows``, if given, are the rows of exactly ``unique_keys(keys)`` in that order
@@ -79,7 +82,9 @@ class ShardedEmbedding(nn.Module):
             # A read-only buffer cannot be wrapped without a copy; a writable one is shared.
             rows = torch.from_numpy(rows if rows.flags.writeable else rows.copy())
         if tuple(rows.shape) != (uniq_np.shape[0], self.dim):
-            raise ValueError(f"rows have shape {tuple(rows.shape)}, expected ({uniq_np.shape[0]}, {self.dim})")
+            raise ValueError(
+                f"rows have shape {tuple(rows.shape)}, expected ({uniq_np.shape[0]}, {self.dim})"
+            )
         leaf = rows.detach().to(self.dtype).requires_grad_(True)
         self._keys, self._rows = uniq_np, leaf
         return F.embedding(inverse.reshape(keys.shape), leaf)
@@ -90,7 +95,9 @@ class ShardedEmbedding(nn.Module):
             raise RuntimeError("sparse_grads() called before any forward()")
         grad = self._rows.grad
         if grad is None:
-            raise RuntimeError("no gradient for the embedding rows: call backward() on a loss that uses them")
+            raise RuntimeError(
+                "no gradient for the embedding rows: call backward() on a loss that uses them"
+            )
         return self._keys, grad.detach().to(torch.float32).numpy()
 
     def extra_repr(self) -> str:

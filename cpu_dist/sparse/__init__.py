@@ -2,6 +2,7 @@
 
 A thin re-export of the native module ``cpu_dist.sparse._ps``; see ``_ps.pyi`` for the API.
 """
+
 from __future__ import annotations
 
 from ._ps import NUM_PARTITIONS, Client, Handle, PSError, Server, partition_of, row_init

@@ -1,4 +1,5 @@
 """Type stubs for the native module cpu_dist.sparse._ps (see csrc/)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,10 +14,22 @@ def partition_of(keys: npt.ArrayLike) -> npt.NDArray[np.int64]: ...
 def row_init(seed: int, keys: npt.ArrayLike, dim: int, scale: float) -> npt.NDArray[np.float32]: ...
 
 class Server:
-    def __init__(self, dim: int, token: str, *, init_scale: float, host: str = "127.0.0.1",
-                 port: int = 0, table: str = "embedding", seed: int = 0, shard_index: int = 0,
-                 num_shards: int = 1, max_message_bytes: int = 64 << 20,
-                 max_blocks_per_stripe: int = 65536, checkpoint_dir: str = "") -> None: ...
+    def __init__(
+        self,
+        dim: int,
+        token: str,
+        *,
+        init_scale: float,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        table: str = "embedding",
+        seed: int = 0,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        max_message_bytes: int = 64 << 20,
+        max_blocks_per_stripe: int = 65536,
+        checkpoint_dir: str = "",
+    ) -> None: ...
     def start(self) -> int: ...
     @property
     def port(self) -> int: ...
@@ -37,9 +50,18 @@ class Handle:
     def done(self) -> bool: ...
 
 class Client:
-    def __init__(self, addresses: list[str], token: str, dim: int, *, table: str = "embedding",
-                 max_keys_per_rpc: int = 8192, channels_per_shard: int = 2,
-                 timeout_s: float = 60.0, max_message_bytes: int = 64 << 20) -> None: ...
+    def __init__(
+        self,
+        addresses: list[str],
+        token: str,
+        dim: int,
+        *,
+        table: str = "embedding",
+        max_keys_per_rpc: int = 8192,
+        channels_per_shard: int = 2,
+        timeout_s: float = 60.0,
+        max_message_bytes: int = 64 << 20,
+    ) -> None: ...
     def close(self) -> None:
         """Wait for in-flight async operations and release the client; idempotent."""
     @property
@@ -48,27 +70,59 @@ class Client:
     def addresses(self) -> list[str]: ...
     @property
     def dim(self) -> int: ...
-    def pull(self, keys: npt.ArrayLike,
-             out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]: ...
-    def push(self, keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float,
-             optimizer: str = "sgd") -> None: ...
-    def push_async(self, keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float,
-                   optimizer: str = "sgd") -> Handle: ...
-    def commit(self, session: int, step: int, rank: int, world_size: int, keys: npt.ArrayLike,
-               grads: npt.ArrayLike, lr: float, optimizer: str = "sgd") -> None: ...
-    def commit_async(self, session: int, step: int, rank: int, world_size: int,
-                     keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float,
-                     optimizer: str = "sgd") -> Handle: ...
+    def pull(
+        self, keys: npt.ArrayLike, out: npt.NDArray[np.float32] | None = None
+    ) -> npt.NDArray[np.float32]: ...
+    def push(
+        self, keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float, optimizer: str = "sgd"
+    ) -> None: ...
+    def push_async(
+        self, keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float, optimizer: str = "sgd"
+    ) -> Handle: ...
+    def commit(
+        self,
+        session: int,
+        step: int,
+        rank: int,
+        world_size: int,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        lr: float,
+        optimizer: str = "sgd",
+    ) -> None: ...
+    def commit_async(
+        self,
+        session: int,
+        step: int,
+        rank: int,
+        world_size: int,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        lr: float,
+        optimizer: str = "sgd",
+    ) -> Handle: ...
     def wait_committed(self, session: int, step: int, timeout_s: float) -> int: ...
     def committed_step(self, session: int) -> int: ...
     def close_session(self, session: int, rank: int) -> None: ...
     def stats(self) -> list[dict[str, int]]: ...
     def health(self) -> list[dict[str, object]]: ...
     def shutdown(self) -> None: ...
-    def dump(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32],
-                            npt.NDArray[np.float32]]: ...
+    def dump(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     # Checkpoints; paths are relative to each shard's checkpoint_dir (see checkpoint.h).
-    def save(self, paths: list[str], step: int, session: int | None = None,
-             session_step: int = -1, timeout_s: float | None = None) -> list[dict[str, int]]: ...
-    def load(self, paths: list[str], sizes: list[int] = ..., checksums: list[int] = ...,
-             timeout_s: float | None = None) -> list[dict[str, int]]: ...
+    def save(
+        self,
+        paths: list[str],
+        step: int,
+        session: int | None = None,
+        session_step: int = -1,
+        timeout_s: float | None = None,
+    ) -> list[dict[str, int]]: ...
+    def load(
+        self,
+        paths: list[str],
+        sizes: list[int] = ...,
+        checksums: list[int] = ...,
+        timeout_s: float | None = None,
+    ) -> list[dict[str, int]]: ...

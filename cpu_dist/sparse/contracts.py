@@ -4,6 +4,7 @@ The single-process reference model must start from exactly the rows the paramete
 creates on first touch, and tools must know which shard owns a key without asking one.
 Both functions here are tested bit for bit against the native module.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ The project's own client is C++; these stubs are for what must speak the wire co
 independently of it: tests that send requests our client refuses to build, the fuzz test,
 and tools.  Generated at run time so they can never drift from the proto.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,8 +20,15 @@ def generate(out_dir: str | Path) -> tuple[ModuleType, ModuleType]:
     from grpc_tools import protoc
 
     out = Path(out_dir)
-    rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", str(PROTO)])
+    rc = protoc.main(
+        [
+            "protoc",
+            f"-I{PROTO.parent}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            str(PROTO),
+        ]
+    )
     if rc != 0:
         raise RuntimeError(f"protoc failed on {PROTO} (exit {rc})")
     sys.path.insert(0, str(out))

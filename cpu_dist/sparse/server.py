@@ -5,6 +5,7 @@
 Prints exactly ``listening on HOST:PORT`` (flushed) once it accepts calls, and exits 0 after
 SIGTERM/SIGINT or the Shutdown RPC, in both cases after draining in-flight calls.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,24 +28,37 @@ def _read_token(path: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m cpu_dist.sparse.server", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m cpu_dist.sparse.server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--port", type=int, required=True, help="TCP port, 0 = chosen by the OS")
     ap.add_argument("--dim", type=int, required=True, help="row dimension")
     ap.add_argument("--token-file", required=True, help="file holding the job token")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
     ap.add_argument("--table", default="embedding")
     ap.add_argument("--seed", type=int, default=0, help="row initialisation seed")
-    ap.add_argument("--init-scale", type=float, default=0.01,
-                    help="first-touch rows are uniform in [-scale, scale)")
+    ap.add_argument(
+        "--init-scale",
+        type=float,
+        default=0.01,
+        help="first-touch rows are uniform in [-scale, scale)",
+    )
     ap.add_argument("--shard-index", type=int, default=0)
     ap.add_argument("--num-shards", type=int, default=1)
     ap.add_argument("--max-message-mb", type=int, default=64)
-    ap.add_argument("--checkpoint-dir", default="",
-                    help="Save/Load RPCs read and write files under this directory only "
-                         "(default: refused)")
-    ap.add_argument("--drain-timeout", type=float, default=10.0,
-                    help="seconds to let in-flight calls finish when stopping")
+    ap.add_argument(
+        "--checkpoint-dir",
+        default="",
+        help="Save/Load RPCs read and write files under this directory only (default: refused)",
+    )
+    ap.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to let in-flight calls finish when stopping",
+    )
     return ap.parse_args(argv)
 
 
@@ -58,11 +72,19 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    srv = Server(args.dim, token, init_scale=args.init_scale, host=args.host, port=args.port,
-                 table=args.table, seed=args.seed, shard_index=args.shard_index,
-                 num_shards=args.num_shards, max_message_bytes=args.max_message_mb << 20,
-                 checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir
-                 else "")
+    srv = Server(
+        args.dim,
+        token,
+        init_scale=args.init_scale,
+        host=args.host,
+        port=args.port,
+        table=args.table,
+        seed=args.seed,
+        shard_index=args.shard_index,
+        num_shards=args.num_shards,
+        max_message_bytes=args.max_message_mb << 20,
+        checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else "",
+    )
     srv.start()
     print(f"listening on {srv.address}", flush=True)
     while not srv.wait(0.2):

@@ -1,4 +1,5 @@
 """One rank's part of a job, after flags are checked and roles are split."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,9 +8,14 @@ import re
 import sys
 
 from cpu_dist.common.config import parse_ps_list
+from cpu_dist.common.mpi_context import (
+    Roles,
+    exchange_ps_addresses,
+    ps_listen_host,
+    share_job_secret,
+    wait_all,
+)
 from cpu_dist.common.threads import share_cores, workers_on_this_node
-from cpu_dist.common.mpi_context import (Roles, exchange_ps_addresses, ps_listen_host,
-                                         share_job_secret, wait_all)
 from cpu_dist.sparse import PSError
 
 END_OF_JOB_TIMEOUT_S = 600.0
@@ -42,15 +48,21 @@ def run_job(args: argparse.Namespace, roles: Roles) -> int:
     job_host = ps_listen_host(roles, args.ps_host)
     if args.ps_type.lower() == "rdma":
         if job_host != "127.0.0.1" and roles.rank == 0:
-            raise RuntimeError("--ps-type RDMA: no RDMA transport exists yet; on one node it "
-                               "selects the local gRPC backend, across nodes use --ps-type grpc")
+            raise RuntimeError(
+                "--ps-type RDMA: no RDMA transport exists yet; on one node it "
+                "selects the local gRPC backend, across nodes use --ps-type grpc"
+            )
         if roles.rank == 0:
-            print("cpu_dist: --ps-type RDMA on a single node: using the local gRPC backend",
-                  file=sys.stderr, flush=True)
+            print(
+                "cpu_dist: --ps-type RDMA on a single node: using the local gRPC backend",
+                file=sys.stderr,
+                flush=True,
+            )
 
     local_workers = workers_on_this_node(roles.world, roles.is_worker)
     if roles.is_worker:
         from cpu_dist.train.loop import train_worker
+
         share_cores(local_workers)
         addresses = ps_list if external else exchange_ps_addresses(roles, None, None)
         try:
@@ -59,6 +71,7 @@ def run_job(args: argparse.Namespace, roles: Roles) -> int:
             raise PSError(_name_shard_rank(str(exc), roles, external)) from exc
     else:
         from cpu_dist.train.ps_rank import run_ps_rank
+
         run_ps_rank(args, roles, token, job_host, ps_list)
     wait_all(roles.world, END_OF_JOB_TIMEOUT_S, "end of job")
     return 0

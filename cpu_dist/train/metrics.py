@@ -9,6 +9,7 @@ and ``scripts/plot_metrics.py`` can plot a run that is still going):
 - eval lines: ``step``, ``eval_auc``, ``eval_logloss``;
 - a final ``{"summary": {...}}`` line.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,8 @@ import math
 import os
 import time
 from collections import defaultdict
-from typing import IO, Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
 
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
@@ -101,7 +103,7 @@ class JsonLinesWriter:
             self._fh.close()
             self._fh = None
 
-    def __enter__(self) -> "JsonLinesWriter":
+    def __enter__(self) -> JsonLinesWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -117,10 +119,15 @@ class TensorBoardWriter:
     def __init__(self, logdir: str | os.PathLike) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
-        except Exception as exc:  # noqa: BLE001 - any import problem means "not available"
+        except Exception as exc:
             import sys
-            print(f"cpu_dist: --tensorboard {os.fspath(logdir)}: TensorBoard is not available "
-                  f"({exc}); writing JSON lines only", file=sys.stderr, flush=True)
+
+            print(
+                f"cpu_dist: --tensorboard {os.fspath(logdir)}: TensorBoard is not available "
+                f"({exc}); writing JSON lines only",
+                file=sys.stderr,
+                flush=True,
+            )
             self._writer = None
         else:
             self._writer = SummaryWriter(os.fspath(logdir))
@@ -134,7 +141,11 @@ class TensorBoardWriter:
             return
         step = int(record["step"])
         for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+            if (
+                key != "step"
+                and isinstance(value, (int, float, np.number))
+                and not isinstance(value, bool)
+            ):
                 self._writer.add_scalar(key, float(value), step)
 
     def close(self) -> None:
@@ -147,7 +158,11 @@ class RunLog:
     """The run's metric sinks: JSON lines at ``path`` and TensorBoard at ``tensorboard_dir``,
     each optional (None: off), so non-chief ranks can hold a RunLog that writes nothing."""
 
-    def __init__(self, path: str | os.PathLike | None = None, tensorboard_dir: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        tensorboard_dir: str | os.PathLike | None = None,
+    ) -> None:
         self.jsonl = JsonLinesWriter(path) if path else None
         self.tensorboard = TensorBoardWriter(tensorboard_dir) if tensorboard_dir else None
 
@@ -162,7 +177,7 @@ class RunLog:
             if sink is not None:
                 sink.close()
 
-    def __enter__(self) -> "RunLog":
+    def __enter__(self) -> RunLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -198,7 +213,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def format_table(rows: list[tuple[Any, ...]] | list[list[Any]], headers: tuple[str, ...] | None = None) -> str:
+def format_table(
+    rows: list[tuple[Any, ...]] | list[list[Any]], headers: tuple[str, ...] | None = None
+) -> str:
     """Plain-text table: first column left-aligned, the others right-aligned."""
     cells = [[_fmt(c) for c in r] for r in rows]
     if headers is not None:
@@ -210,7 +227,11 @@ def format_table(rows: list[tuple[Any, ...]] | list[list[Any]], headers: tuple[s
     widths = [max(len(r[i]) for r in cells) for i in range(ncol)]
     lines = []
     for n, r in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+            ).rstrip()
+        )
         if n == 0 and headers is not None:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -219,7 +240,9 @@ def format_table(rows: list[tuple[Any, ...]] | list[list[Any]], headers: tuple[s
 def summary_table(summary: Mapping[str, Any]) -> str:
     """The end-of-run summary: the figures, then time per phase (``t_<phase>`` keys) with
     its share of all phase time."""
-    plain = [(k, v) for k, v in summary.items() if not k.startswith("t_") and not isinstance(v, Mapping)]
+    plain = [
+        (k, v) for k, v in summary.items() if not k.startswith("t_") and not isinstance(v, Mapping)
+    ]
     phases = [(k[2:], float(v)) for k, v in summary.items() if k.startswith("t_")]
     out = [format_table(plain, ("metric", "value"))]
     if phases:

@@ -1,4 +1,5 @@
 """A parameter-server rank: start one shard, publish its address, serve until told to stop."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,9 @@ def _checkpoint_dir(args: argparse.Namespace) -> str:
     return str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else ""
 
 
-def run_ps_rank(args: argparse.Namespace, roles: Roles, token: str, job_host: str,
-                ps_list: list[str]) -> None:
+def run_ps_rank(
+    args: argparse.Namespace, roles: Roles, token: str, job_host: str, ps_list: list[str]
+) -> None:
     """``job_host``: the address this node is reached at (see mpi_context.ps_listen_host)."""
     host, port = job_host, 0
     if ps_list:  # as in the first design: PS rank i listens on the i-th --ps_list address
@@ -25,10 +27,19 @@ def run_ps_rank(args: argparse.Namespace, roles: Roles, token: str, job_host: st
         port = int(p)
     server, address, error = None, None, None
     try:
-        server = Server(args.embedding_dim, token, init_scale=args.init_scale, host=host,
-                        port=port, table=TABLE, seed=args.seed, shard_index=roles.role_rank,
-                        num_shards=roles.num_ps_ranks, max_message_bytes=args.ps_max_message_bytes,
-                        checkpoint_dir=_checkpoint_dir(args))
+        server = Server(
+            args.embedding_dim,
+            token,
+            init_scale=args.init_scale,
+            host=host,
+            port=port,
+            table=TABLE,
+            seed=args.seed,
+            shard_index=roles.role_rank,
+            num_shards=roles.num_ps_ranks,
+            max_message_bytes=args.ps_max_message_bytes,
+            checkpoint_dir=_checkpoint_dir(args),
+        )
         bound = server.start()
         # A wildcard bind (asked for explicitly) is published as this node's own address.
         address = f"{job_host if host in WILDCARDS else host}:{bound}"

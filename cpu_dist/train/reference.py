@@ -20,9 +20,10 @@ With ``dtype=torch.float64`` the dense part and the embedding compute run in flo
 the rows stay float32-valued (the PS stores float32): gradients are cast to float32 before
 the update and the updated rows are stored back exactly.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -44,14 +45,18 @@ class LocalEmbedding(nn.Module):
     a PS pull of a never-trained key would.
     """
 
-    def __init__(self, keys: np.ndarray, rows: np.ndarray, init_seed: int = 0, init_scale: float = 0.0) -> None:
+    def __init__(
+        self, keys: np.ndarray, rows: np.ndarray, init_seed: int = 0, init_scale: float = 0.0
+    ) -> None:
         super().__init__()
         keys = np.asarray(keys, dtype=np.int64)
         if keys.ndim != 1 or np.any(np.diff(keys) <= 0):
             raise ValueError("keys must be sorted and unique")
         self.register_buffer("keys", torch.from_numpy(keys.copy()), persistent=False)
         weight = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32).copy())
-        self.bag = nn.EmbeddingBag(len(keys), weight.shape[1], mode="sum", sparse=True, _weight=weight)
+        self.bag = nn.EmbeddingBag(
+            len(keys), weight.shape[1], mode="sum", sparse=True, _weight=weight
+        )
         self.init_seed, self.init_scale = init_seed, init_scale
 
     def _lookup(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +78,9 @@ class LocalEmbedding(nn.Module):
         else:
             out = self.bag.weight[idx].clone()
             missing = ~found
-            init = row_init(self.init_seed, flat[missing].numpy(), self.bag.weight.shape[1], self.init_scale)
+            init = row_init(
+                self.init_seed, flat[missing].numpy(), self.bag.weight.shape[1], self.init_scale
+            )
             out[missing] = torch.from_numpy(init).to(out.dtype)
         return out.reshape(*keys.shape, out.shape[-1])
 
@@ -127,10 +134,22 @@ class ReferenceTrainer:
     """
 
     def __init__(
-        self, *, keys: np.ndarray, num_dense: int, num_sparse: int, dim: int,
-        bot_mlp: Sequence[int], top_mlp: Sequence[int], seed: int, lr: float,
-        sparse_lr: float | None, dense_optimizer: str, sparse_optimizer: str,
-        init_scale: float, init_seed: int, dtype: torch.dtype = torch.float32,
+        self,
+        *,
+        keys: np.ndarray,
+        num_dense: int,
+        num_sparse: int,
+        dim: int,
+        bot_mlp: Sequence[int],
+        top_mlp: Sequence[int],
+        seed: int,
+        lr: float,
+        sparse_lr: float | None,
+        dense_optimizer: str,
+        sparse_optimizer: str,
+        init_scale: float,
+        init_seed: int,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         if sparse_optimizer not in ("sgd", "rowwise_adagrad"):
             raise ValueError(f"unknown sparse optimizer {sparse_optimizer!r}")
@@ -139,8 +158,14 @@ class ReferenceTrainer:
             self.keys, row_init(init_seed, self.keys, dim, init_scale), init_seed, init_scale
         )
         self.model = build_dlrm(
-            self.embedding, num_dense=num_dense, num_sparse=num_sparse, dim=dim,
-            bot_mlp=bot_mlp, top_mlp=top_mlp, seed=seed, dtype=dtype,
+            self.embedding,
+            num_dense=num_dense,
+            num_sparse=num_sparse,
+            dim=dim,
+            bot_mlp=bot_mlp,
+            top_mlp=top_mlp,
+            seed=seed,
+            dtype=dtype,
         )
         self.dtype = dtype
         self.sparse_lr = lr if sparse_lr is None else sparse_lr
@@ -164,7 +189,13 @@ class ReferenceTrainer:
         idx_np = idx.numpy()
         rows = weight.data[idx].to(torch.float32).numpy().copy()  # float32-valued in any dtype
         row_state = self.state[idx_np]
-        sparse_update(self.sparse_optimizer, rows, row_state, grad.values().to(torch.float32).numpy(), self.sparse_lr)
+        sparse_update(
+            self.sparse_optimizer,
+            rows,
+            row_state,
+            grad.values().to(torch.float32).numpy(),
+            self.sparse_lr,
+        )
         self.state[idx_np] = row_state
         weight.data[idx] = torch.from_numpy(rows).to(weight.dtype)
         self.touched[idx_np] = True
@@ -183,10 +214,15 @@ class ReferenceTrainer:
 
     def dump(self) -> dict[str, np.ndarray]:
         """The --dump-state format (see :func:`train_reference`)."""
-        out = {f"dense/{name}": p.detach().numpy().copy() for name, p in self.model.dense_named_parameters()}
+        out = {
+            f"dense/{name}": p.detach().numpy().copy()
+            for name, p in self.model.dense_named_parameters()
+        }
         weight = self.embedding.bag.weight.detach()
         out["sparse_keys"] = self.keys[self.touched].copy()
-        out["sparse_values"] = weight[torch.from_numpy(self.touched)].to(torch.float32).numpy().copy()
+        out["sparse_values"] = (
+            weight[torch.from_numpy(self.touched)].to(torch.float32).numpy().copy()
+        )
         return out
 
 
@@ -216,9 +252,19 @@ def train_reference(
     """
     trainer = ReferenceTrainer(
         keys=_training_keys(dataset, batch_size, start_step, steps),
-        num_dense=dataset.num_dense, num_sparse=dataset.num_sparse, dim=dim, bot_mlp=bot_mlp,
-        top_mlp=top_mlp, seed=seed, lr=lr, sparse_lr=sparse_lr, dense_optimizer=dense_optimizer,
-        sparse_optimizer=sparse_optimizer, init_scale=init_scale, init_seed=init_seed, dtype=dtype,
+        num_dense=dataset.num_dense,
+        num_sparse=dataset.num_sparse,
+        dim=dim,
+        bot_mlp=bot_mlp,
+        top_mlp=top_mlp,
+        seed=seed,
+        lr=lr,
+        sparse_lr=sparse_lr,
+        dense_optimizer=dense_optimizer,
+        sparse_optimizer=sparse_optimizer,
+        init_scale=init_scale,
+        init_seed=init_seed,
+        dtype=dtype,
     )
     for step, batch in train_batches(dataset, batch_size, start_step):
         if step >= start_step + steps:

@@ -5,6 +5,7 @@ be pulled as soon as step t+1's keys are known (in the background, overlapping t
 all-reduce and optimizer step); only the rows step t wrote wait for commit t.  This is the
 "a pull waits only for the rows it reads" rule of the commit protocol, at row granularity.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,8 +19,14 @@ from cpu_dist.sparse import Client
 class SplitPull:
     """Started with the next step's sorted unique keys and the sorted keys step t wrote."""
 
-    def __init__(self, client: Client, pool: ThreadPoolExecutor, unique: np.ndarray,
-                 written: np.ndarray, timeout_s: float) -> None:
+    def __init__(
+        self,
+        client: Client,
+        pool: ThreadPoolExecutor,
+        unique: np.ndarray,
+        written: np.ndarray,
+        timeout_s: float,
+    ) -> None:
         self.client, self.unique, self.timeout_s = client, unique, timeout_s
         _, hit = find_sorted(written, unique)
         self.dependent = np.flatnonzero(hit)

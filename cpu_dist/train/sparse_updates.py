@@ -19,11 +19,12 @@ with the dense all-reduce.  The collective exchange stays on the training thread
 in MPI collectives at once on a node whose cores are all busy made both slower.  Every method
 that reads the protocol's state first drains that thread (with a timeout).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -34,10 +35,20 @@ from cpu_dist.sparse import Client, Handle
 
 
 class SparseUpdater:
-    def __init__(self, client: Client, comm: MPI.Intracomm, session: int, *, lr: float,
-                 optimizer: str, aggregation: str = "ps", sync: str = "pipelined",
-                 timeout_s: float = 60.0, track_written: bool = False,
-                 background: bool = False) -> None:
+    def __init__(
+        self,
+        client: Client,
+        comm: MPI.Intracomm,
+        session: int,
+        *,
+        lr: float,
+        optimizer: str,
+        aggregation: str = "ps",
+        sync: str = "pipelined",
+        timeout_s: float = 60.0,
+        track_written: bool = False,
+        background: bool = False,
+    ) -> None:
         if aggregation not in ("ps", "collective"):
             raise ValueError(f"aggregation {aggregation!r}: expected ps or collective")
         if sync not in ("pipelined", "barrier"):
@@ -50,21 +61,29 @@ class SparseUpdater:
         self.committed = -1
         # The PS session counts steps from 0; a resumed job's first step is `base`.
         self.base = 0
-        self.commit_wait_s = 0.0   # time blocked on commits (acks and application)
-        self.exchange_s = 0.0      # collective mode: id exchange and gradient all-reduce
-        self.payload_bytes = 0     # gradient bytes this worker sent to the PS
+        self.commit_wait_s = 0.0  # time blocked on commits (acks and application)
+        self.exchange_s = 0.0  # collective mode: id exchange and gradient all-reduce
+        self.payload_bytes = 0  # gradient bytes this worker sent to the PS
         self.rows_sent = 0
         # Sorted keys every worker wrote in the last submitted step (track_written): the rows
         # a pull of the next step must wait for; all others may be read before that commit.
         self.track_written = track_written
         self.written: np.ndarray | None = None
         # background: the hand-off thread and the step it is running
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
+        )
         self._tail: Future | None = None
 
     # -- submit -----------------------------------------------------------------------
-    def submit(self, step: int, keys: np.ndarray, grads: np.ndarray,
-               union: np.ndarray | None = None, then: Callable[[], None] | None = None) -> None:
+    def submit(
+        self,
+        step: int,
+        keys: np.ndarray,
+        grads: np.ndarray,
+        union: np.ndarray | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """Hand step ``step``'s gradients of this worker's unique rows to the PS.
 
         ``union``: the sorted union of every worker's keys of this step when the caller already
@@ -102,18 +121,28 @@ class SparseUpdater:
         self._tail.result(timeout=2 * self.timeout_s + 5.0)
         self._tail = None
 
-    def _hand_off(self, step: int, keys: np.ndarray, grads: np.ndarray,
-                  then: Callable[[], None] | None) -> None:
+    def _hand_off(
+        self, step: int, keys: np.ndarray, grads: np.ndarray, then: Callable[[], None] | None
+    ) -> None:
         self._wait_handle()  # each sparse update waits for its predecessor's acks
         self.payload_bytes += keys.nbytes + grads.nbytes
         self.rows_sent += len(keys)
-        args = (self.session, step - self.base, self.rank, self.world, keys, grads, self.lr,
-                self.optimizer)
+        args = (
+            self.session,
+            step - self.base,
+            self.rank,
+            self.world,
+            keys,
+            grads,
+            self.lr,
+            self.optimizer,
+        )
         if self.sync == "barrier":
             t0 = time.perf_counter()
             self.client.commit(*args)
             self.committed = self.base + self.client.wait_committed(
-                self.session, step - self.base, self.timeout_s)
+                self.session, step - self.base, self.timeout_s
+            )
             self.commit_wait_s += time.perf_counter() - t0
         else:
             self.pending = (step, self.client.commit_async(*args))
@@ -124,14 +153,16 @@ class SparseUpdater:
         """The sorted union of every worker's keys (the step's id metadata exchange)."""
         return np.unique(allgather_keys(self.comm, keys))
 
-    def _allreduce_rows(self, keys: np.ndarray, grads: np.ndarray,
-                        union: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _allreduce_rows(
+        self, keys: np.ndarray, grads: np.ndarray, union: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         if union is None:
             union = self._gather_keys(keys)
         at, found = find_sorted(union, keys)
         if not found.all():
-            raise ValueError(f"rank {self.rank}: the step's key union does not hold every key "
-                             f"of this worker")
+            raise ValueError(
+                f"rank {self.rank}: the step's key union does not hold every key of this worker"
+            )
         summed = np.zeros((len(union), grads.shape[1]), dtype=np.float32)
         summed[at] = grads
         self.comm.Allreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
@@ -165,7 +196,8 @@ class SparseUpdater:
         self._wait_handle()
         t0 = time.perf_counter()
         self.committed = self.base + self.client.wait_committed(
-            self.session, step - 1 - self.base, self.timeout_s)
+            self.session, step - 1 - self.base, self.timeout_s
+        )
         self.commit_wait_s += time.perf_counter() - t0
 
     def wait_applied(self, step: int) -> None:

@@ -1,12 +1,12 @@
 """The low-hit bypass policy, alone and inside the reader."""
+
 import numpy as np
 import pytest
 
 from gpu_cache.bypass import LowHitBypass
 from gpu_cache.controller import CachedRowReader
 from gpu_cache.plans import OnlinePlanner, PrescanPlanner
-from gpu_cache.tests.test_controller import (DIM, LR, DictPS, OneRankComm, Updater,
-                                             train_through)
+from gpu_cache.tests.test_controller import DIM, LR, DictPS, OneRankComm, Updater, train_through
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,10 +48,21 @@ def test_prescan_bypass_does_not_pin_rows():
     ps = DictPS()
     up = Updater(ps)
     k0 = np.arange(0, 64, dtype=np.int64)
-    tr = [k0, np.arange(1000, 1064, dtype=np.int64), k0] + [np.arange(5000, 5064, dtype=np.int64)] * 20
-    reader = CachedRowReader(ps, up, PrescanPlanner(OneRankComm(), tr), dim=DIM, capacity_units=1,
-                             lr=LR, aggregation="ps", world=1, device="cpu",
-                             bypass=LowHitBypass(0.2, window=2, probe_every=2))
+    tr = [k0, np.arange(1000, 1064, dtype=np.int64), k0] + [
+        np.arange(5000, 5064, dtype=np.int64)
+    ] * 20
+    reader = CachedRowReader(
+        ps,
+        up,
+        PrescanPlanner(OneRankComm(), tr),
+        dim=DIM,
+        capacity_units=1,
+        lr=LR,
+        aggregation="ps",
+        world=1,
+        device="cpu",
+        bypass=LowHitBypass(0.2, window=2, probe_every=2),
+    )
     train_through(reader, ps, tr, seed=4)
     assert reader.stats["hits"] >= 15 * 64 and not reader.bypass.bypassing
     reader.verify()
@@ -64,9 +75,18 @@ def test_reader_bypasses_a_trace_without_reuse_and_stays_exact():
     up = Updater(ps)
     cold = [np.arange(1000 + 50 * t, 1050 + 50 * t, dtype=np.int64) for t in range(24)]
     hot = [np.arange(0, 40, dtype=np.int64)] * 24
-    reader = CachedRowReader(ps, up, OnlinePlanner(OneRankComm()), dim=DIM, capacity_units=1,
-                             lr=LR, aggregation="ps", world=1, device="cpu",
-                             bypass=LowHitBypass(0.2, window=4, probe_every=4))
+    reader = CachedRowReader(
+        ps,
+        up,
+        OnlinePlanner(OneRankComm()),
+        dim=DIM,
+        capacity_units=1,
+        lr=LR,
+        aggregation="ps",
+        world=1,
+        device="cpu",
+        bypass=LowHitBypass(0.2, window=4, probe_every=4),
+    )
     rng = np.random.default_rng(3)
     for step, keys in enumerate(cold + hot):
         rows = reader.read(step, keys)

@@ -1,5 +1,6 @@
 """CachedRowReader against an in-memory PS (one worker): every read equals the PS rows,
 prescan detects a changed id sequence, cache SGD's strict and best-effort contracts."""
+
 import numpy as np
 import pytest
 import torch
@@ -33,7 +34,9 @@ class DictPS:
 
     def pull(self, keys):
         self.pulled += len(keys)
-        return np.stack([self._row(k) for k in keys]) if len(keys) else np.zeros((0, DIM), np.float32)
+        return (
+            np.stack([self._row(k) for k in keys]) if len(keys) else np.zeros((0, DIM), np.float32)
+        )
 
     def apply(self, keys, grads, world=1):
         for k, g in zip(keys, grads):
@@ -84,8 +87,9 @@ def test_reads_equal_ps_rows_under_eviction(prescan):
     up = Updater(ps)
     tr = trace()
     planner = PrescanPlanner(OneRankComm(), tr) if prescan else OnlinePlanner(OneRankComm())
-    reader = CachedRowReader(ps, up, planner, dim=DIM, capacity_units=1, lr=LR,
-                             aggregation="ps", world=1, device="cpu")
+    reader = CachedRowReader(
+        ps, up, planner, dim=DIM, capacity_units=1, lr=LR, aggregation="ps", world=1, device="cpu"
+    )
     rng = np.random.default_rng(1)
     for step, keys in enumerate(tr):
         rows = reader.read(step, keys)
@@ -111,9 +115,17 @@ def test_staged_rows_take_the_step_update(aggregation):
     ps = DictPS()
     up = Updater(ps)
     tr = [np.arange(100, dtype=np.int64)] * 6
-    reader = CachedRowReader(ps, up, PrescanPlanner(OneRankComm(), tr), dim=DIM,
-                             capacity_units=1, lr=LR, aggregation=aggregation, world=1,
-                             device="cpu")
+    reader = CachedRowReader(
+        ps,
+        up,
+        PrescanPlanner(OneRankComm(), tr),
+        dim=DIM,
+        capacity_units=1,
+        lr=LR,
+        aggregation=aggregation,
+        world=1,
+        device="cpu",
+    )
     train_through(reader, ps, tr, seed=2)
     m = reader.metrics()
     assert m["cache_staged_updates"] == 5 * 36 and m["cache_prefetch_used"] == 5 * 36
@@ -154,8 +166,8 @@ def test_strict_sgd_sums_duplicates_and_updates_once():
     g = np.ones((3, DIM), dtype=np.float32)
     assert strict_sgd(meta, st, np.array([5, 5, 6]), g, lr=0.5, divisor=2)
     s5, s6 = meta.lookup(np.array([5, 6]))
-    assert torch.allclose(st.rows[s5], torch.full((DIM,), 0.5))    # 1 - 0.5 * 2/2
-    assert torch.allclose(st.rows[s6], torch.full((DIM,), 0.75))   # 1 - 0.5 * 1/2
+    assert torch.allclose(st.rows[s5], torch.full((DIM,), 0.5))  # 1 - 0.5 * 2/2
+    assert torch.allclose(st.rows[s6], torch.full((DIM,), 0.75))  # 1 - 0.5 * 1/2
 
 
 def test_strict_sgd_missing_row_invalidates_requested_keys():

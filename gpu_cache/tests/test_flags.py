@@ -1,19 +1,34 @@
 """The cache stage's flags: the seed's example line validates, unsupported settings stop."""
+
 import pytest
 
 from cpu_dist.common.config import ConfigError, parse_args, validate
 
 pytestmark = pytest.mark.timeout(30)
 
-SEED_LINE = ["--ps-type", "RDMA", "--read-mode", "bagpipe", "--optimization-prescan",
-             "--optimization-cache-capacity", "8192", "--bagpipe-aggregation", "ps"]
+SEED_LINE = [
+    "--ps-type",
+    "RDMA",
+    "--read-mode",
+    "bagpipe",
+    "--optimization-prescan",
+    "--optimization-cache-capacity",
+    "8192",
+    "--bagpipe-aggregation",
+    "ps",
+]
 
 
 def test_seed_example_line_validates():
     args = parse_args(SEED_LINE)
     validate(args, 3)
-    assert (args.read_mode, args.optimization_prescan, args.optimization_cache_capacity,
-            args.aggregation, args.ps_type) == ("bagpipe", True, 8192, "ps", "RDMA")
+    assert (
+        args.read_mode,
+        args.optimization_prescan,
+        args.optimization_cache_capacity,
+        args.aggregation,
+        args.ps_type,
+    ) == ("bagpipe", True, 8192, "ps", "RDMA")
 
 
 def test_default_is_uncached():
@@ -22,14 +37,20 @@ def test_default_is_uncached():
     assert args.read_mode == "direct" and not args.optimization_prescan
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--read-mode", "bagpipe", "--sparse-optimizer", "rowwise_adagrad"], "sgd only"),
-    (["--optimization-prescan"], "needs --read-mode bagpipe"),
-    (["--read-mode", "bagpipe", "--optimization-cache-capacity", "0"], "positive number of 64-row"),
-    (["--read-mode", "bagpipe", "--optimization-plan-window", "-1"], "plan-window"),
-    (["--read-mode", "bagpipe", "--optimization-bypass-below", "1"], "bypass-below 1.0"),
-    (["--read-mode", "bagpipe", "--optimization-bypass-below", "-0.5"], "must be in"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--read-mode", "bagpipe", "--sparse-optimizer", "rowwise_adagrad"], "sgd only"),
+        (["--optimization-prescan"], "needs --read-mode bagpipe"),
+        (
+            ["--read-mode", "bagpipe", "--optimization-cache-capacity", "0"],
+            "positive number of 64-row",
+        ),
+        (["--read-mode", "bagpipe", "--optimization-plan-window", "-1"], "plan-window"),
+        (["--read-mode", "bagpipe", "--optimization-bypass-below", "1"], "bypass-below 1.0"),
+        (["--read-mode", "bagpipe", "--optimization-bypass-below", "-0.5"], "must be in"),
+    ],
+)
 def test_unsupported_settings_fail_at_start(argv, needle):
     with pytest.raises(ConfigError, match=needle):
         validate(parse_args(argv), 3)

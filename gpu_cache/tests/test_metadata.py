@@ -1,5 +1,6 @@
 """CacheMetadata (C++) through its binding: LRU order, bounded admission with unique
 destinations, invalidation, previous-update tracking, capacity edge cases."""
+
 import numpy as np
 import pytest
 
@@ -19,8 +20,8 @@ def resident(m):
 def test_lru_evicts_least_recently_used():
     m = BagPipeCacheMetadata(3)
     m.admit(keys(1, 2, 3))
-    m.query(keys(1))                       # 2 is now the oldest
-    slots, src, evicted = m.admit(keys(4))
+    m.query(keys(1))  # 2 is now the oldest
+    _slots, _src, evicted = m.admit(keys(4))
     assert evicted.tolist() == [2] and resident(m) == {1, 3, 4}
     m.query(keys(3, 1))
     _, _, evicted = m.admit(keys(5))
@@ -29,7 +30,7 @@ def test_lru_evicts_least_recently_used():
 
 def test_query_reports_hits_with_slots():
     m = BagPipeCacheMetadata(4)
-    slots, src, _ = m.admit(keys(10, 20))
+    slots, _src, _ = m.admit(keys(10, 20))
     pos, hit_slots = m.query(keys(5, 20, 10, 7))
     assert pos.tolist() == [1, 2]
     assert hit_slots.tolist() == [slots[1], slots[0]]
@@ -41,9 +42,9 @@ def test_oversized_batch_has_unique_destinations_and_final_sources():
     batch = keys(1, 2, 3, 4, 5)
     slots, src, evicted = m.admit(batch, max_admit=10)  # more than the cache holds
     assert len(set(slots.tolist())) == len(slots) == 2
-    assert sorted(batch[src].tolist()) == [4, 5]       # the last writer of each slot wins
+    assert sorted(batch[src].tolist()) == [4, 5]  # the last writer of each slot wins
     assert resident(m) == {4, 5}
-    assert evicted.tolist() == []                      # nothing resident before was dropped
+    assert evicted.tolist() == []  # nothing resident before was dropped
     # What a scatter with these destinations leaves is exactly the resident mapping.
     storage = np.full(2, -1)
     storage[slots] = batch[src]
@@ -63,17 +64,17 @@ def test_admission_is_bounded():
 def test_admit_skips_resident_and_duplicate_keys():
     m = BagPipeCacheMetadata(4)
     m.admit(keys(1))
-    slots, src, _ = m.admit(keys(1, 2, 2, 3))
+    _slots, src, _ = m.admit(keys(1, 2, 2, 3))
     assert src.tolist() == [1, 3] and m.size == 3
 
 
 def test_score_gate_keeps_rows_needed_sooner():
     m = BagPipeCacheMetadata(2)
-    m.admit(keys(1, 2), scores=keys(-5, -9), score_gate=True)   # next uses: steps 5 and 9
-    slots, src, evicted = m.admit(keys(3), scores=keys(-20), score_gate=True)
-    assert len(slots) == 0 and resident(m) == {1, 2}            # 3 is needed later than both
-    slots, src, evicted = m.admit(keys(4), scores=keys(-6), score_gate=True)
-    assert evicted.tolist() == [2] and resident(m) == {1, 4}    # 2 (step 9) was farthest
+    m.admit(keys(1, 2), scores=keys(-5, -9), score_gate=True)  # next uses: steps 5 and 9
+    slots, _src, evicted = m.admit(keys(3), scores=keys(-20), score_gate=True)
+    assert len(slots) == 0 and resident(m) == {1, 2}  # 3 is needed later than both
+    slots, _src, evicted = m.admit(keys(4), scores=keys(-6), score_gate=True)
+    assert evicted.tolist() == [2] and resident(m) == {1, 4}  # 2 (step 9) was farthest
 
 
 def test_invalidation_frees_slots():
@@ -92,12 +93,12 @@ def test_previous_update_tracking():
     assert m.previous_update(keys(1, 2)).tolist() == [-1, -1]
     m.record_updates(keys(1, 2), 0)
     m.record_updates(keys(2), 3)
-    m.record_updates(keys(2), 1)       # an older step never moves it back
+    m.record_updates(keys(2), 1)  # an older step never moves it back
     assert m.previous_update(keys(1, 2, 3)).tolist() == [0, 3, -1]
 
 
 def test_capacity_one_unit_and_single_row():
-    m = BagPipeCacheMetadata(64)       # one unit of 64 rows
+    m = BagPipeCacheMetadata(64)  # one unit of 64 rows
     slots, _, _ = m.admit(np.arange(1000, dtype=np.int64), max_admit=1000)
     assert sorted(slots.tolist()) == list(range(64)) and m.size == 64
     one = BagPipeCacheMetadata(1)

@@ -1,5 +1,6 @@
 """The native CPU kernels give the same bits as the torch ops the CUDA path runs, and refuse
 arrays they would only see a copy of."""
+
 import numpy as np
 import pytest
 import torch
@@ -29,8 +30,9 @@ def test_native_sgd_equals_torch_bit_for_bit(world):
     assert torch.equal(native.rows, torch_path.rows)
     # resident and absent keys, sorted unique like a step's union
     upd = np.unique(np.concatenate([keys[::2], np.arange(20_000, 20_050)]))
-    grads = (rng.standard_normal((len(upd), DIM)) * 10.0 ** rng.integers(-6, 3, (len(upd), 1))
-             ).astype(np.float32)
+    grads = (
+        rng.standard_normal((len(upd), DIM)) * 10.0 ** rng.integers(-6, 3, (len(upd), 1))
+    ).astype(np.float32)
     n1 = best_effort_sgd(m1, native, upd, grads, 0.037, world)
     n2 = best_effort_sgd(m2, torch_path, upd, grads, 0.037, world)
     assert n1 == n2 == 50

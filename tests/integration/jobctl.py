@@ -4,6 +4,7 @@ Used by the fault and checkpoint tests: the job is launcher.py under mpirun exac
 run it; progress is read from its --metrics-out file (one line per step with --print-freq 1),
 and a rank is found by the OMPI_COMM_WORLD_RANK that mpirun puts in each process's environment.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,17 +14,34 @@ import sys
 import time
 from pathlib import Path
 
-from launch import MPI_ENV, ROOT
+from .launch import MPI_ENV, ROOT
 
 
 class Job:
     def __init__(self, np_: int, args: list[str], metrics: Path) -> None:
         self.metrics = metrics
         env = {**os.environ, **MPI_ENV}
-        cmd = ["mpirun", "-np", str(np_), sys.executable, str(ROOT / "launcher.py"), *args,
-               "--metrics-out", str(metrics), "--print-freq", "1"]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        cmd = [
+            "mpirun",
+            "-np",
+            str(np_),
+            sys.executable,
+            str(ROOT / "launcher.py"),
+            *args,
+            "--metrics-out",
+            str(metrics),
+            "--print-freq",
+            "1",
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def steps_logged(self) -> int:
         try:
@@ -37,8 +55,10 @@ class Job:
         while self.steps_logged() < n:
             if self.proc.poll() is not None:
                 out, err = self.proc.communicate()
-                raise AssertionError(f"job ended (exit {self.proc.returncode}) before step {n}"
-                                     f"\n{out[-2000:]}\n{err[-4000:]}")
+                raise AssertionError(
+                    f"job ended (exit {self.proc.returncode}) before step {n}"
+                    f"\n{out[-2000:]}\n{err[-4000:]}"
+                )
             if time.monotonic() > deadline:
                 self.kill_all()
                 raise AssertionError(f"no step {n} within {timeout} s")
@@ -78,7 +98,7 @@ class Job:
         except subprocess.TimeoutExpired:
             self.kill_all()
             out, err = self.proc.communicate()
-            raise AssertionError(f"job still running {timeout} s later\n{err[-4000:]}")
+            raise AssertionError(f"job still running {timeout} s later\n{err[-4000:]}") from None
         return self.proc.returncode, out, err
 
     def kill_all(self) -> None:

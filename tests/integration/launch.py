@@ -1,4 +1,5 @@
 """Run launcher.py under a real mpirun, as users do, and read back its --dump-state."""
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,27 @@ from cpu_dist.common.launch_env import mpi_env
 ROOT = Path(__file__).resolve().parents[2]
 MPI_ENV = {**mpi_env(), "PYTHONUNBUFFERED": "1"}  # this environment + scripts/env.sh
 # A small model so a 20-step run takes seconds on two cores.
-SMALL = ["--embedding-dim", "8", "--arch-mlp-bot", "16-8", "--arch-mlp-top", "16-1",
-         "--batch-size", "96", "--max_step", "20", "--lr", "0.1", "--no-progress",
-         "--eval-every", "0", "--eval-batches", "1", "--print-freq", "5"]
+SMALL = [
+    "--embedding-dim",
+    "8",
+    "--arch-mlp-bot",
+    "16-8",
+    "--arch-mlp-top",
+    "16-1",
+    "--batch-size",
+    "96",
+    "--max_step",
+    "20",
+    "--lr",
+    "0.1",
+    "--no-progress",
+    "--eval-every",
+    "0",
+    "--eval-batches",
+    "1",
+    "--print-freq",
+    "5",
+]
 
 
 def mpirun(np_: int, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
@@ -26,8 +45,9 @@ def mpirun(np_: int, args: list[str], timeout: float = 240) -> subprocess.Comple
 
 def train(tmp: Path, name: str, workers: int, shards: int, extra: list[str] = ()) -> dict:
     out = tmp / f"{name}.npz"
-    proc = mpirun(workers + shards, ["--worker-num", str(workers), *SMALL, *extra,
-                                     "--dump-state", str(out)])
+    proc = mpirun(
+        workers + shards, ["--worker-num", str(workers), *SMALL, *extra, "--dump-state", str(out)]
+    )
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     with np.load(out) as z:
         return {k: z[k] for k in z.files}

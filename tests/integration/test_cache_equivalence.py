@@ -6,20 +6,27 @@ hundreds of rows per step, so rows are evicted and (ps, W > 1) invalidated every
 GPU_CACHE_VERIFY=1 makes every worker check, after the last commit, that each resident row
 equals its PS row.  No GPU here: the cache's torch code runs on the CPU device.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from launch import train
-from test_equivalence import assert_same_model, reference
+from .launch import train
+from .test_equivalence import assert_same_model, reference
 
 pytestmark = pytest.mark.timeout(600)
 
 # No low-hit bypass: every read goes through the tiny cache, to stress coherence.
-CACHE = ["--read-mode", "bagpipe", "--optimization-cache-capacity", "2",
-         "--optimization-bypass-below", "0"]
+CACHE = [
+    "--read-mode",
+    "bagpipe",
+    "--optimization-cache-capacity",
+    "2",
+    "--optimization-bypass-below",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +46,11 @@ def _cached(tmp, name, workers, aggregation, prescan):
         extra.append("--optimization-prescan")
     got = train(tmp, name, workers, 1, extra)
     lines = [json.loads(x) for x in metrics.read_text().splitlines()]
-    return got, [x for x in lines if "cache_lookups" in x and "summary" not in x], \
-        next(x["summary"] for x in lines if "summary" in x)
+    return (
+        got,
+        [x for x in lines if "cache_lookups" in x and "summary" not in x],
+        next(x["summary"] for x in lines if "summary" in x),
+    )
 
 
 @pytest.mark.parametrize("aggregation", ["ps", "collective"])
@@ -75,15 +85,31 @@ def test_cached_equals_uncached(runs, aggregation):
     tmp, cache = runs
     plain = train(tmp, f"plain-{aggregation}", 2, 1, ["--aggregation", aggregation])
     for prescan in (False, True):
-        got = cache.get((2, aggregation, prescan)) or _cached(
-            tmp, f"again-{aggregation}-{prescan}", 2, aggregation, prescan)[0]
+        got = (
+            cache.get((2, aggregation, prescan))
+            or _cached(tmp, f"again-{aggregation}-{prescan}", 2, aggregation, prescan)[0]
+        )
         assert_same_model(got, plain, rtol=1e-5)
 
 
 def test_seed_example_line_trains(runs):
     """The seed design's example flags, verbatim, on the small model (8192 units: no eviction)."""
     tmp, cache = runs
-    got = train(tmp, "seed-line", 2, 1, ["--ps-type", "RDMA", "--read-mode", "bagpipe",
-                                         "--optimization-prescan", "--optimization-cache-capacity",
-                                         "8192", "--bagpipe-aggregation", "ps"])
+    got = train(
+        tmp,
+        "seed-line",
+        2,
+        1,
+        [
+            "--ps-type",
+            "RDMA",
+            "--read-mode",
+            "bagpipe",
+            "--optimization-prescan",
+            "--optimization-cache-capacity",
+            "8192",
+            "--bagpipe-aggregation",
+            "ps",
+        ],
+    )
     assert_same_model(got, cache["ref"], rtol=1e-5)

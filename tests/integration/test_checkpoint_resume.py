@@ -1,6 +1,7 @@
 """Checkpoints under real mpirun jobs: a resumed run ends with the same bits as one that was
 never interrupted -- into another shard count (1 -> 3 -> 1), and after a kill -9 -- and a bad
 checkpoint stops the job with a message naming the file."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobctl import Job
-from launch import SMALL, mpirun, train
+from .jobctl import Job
+from .launch import SMALL, mpirun, train
 
 pytestmark = pytest.mark.timeout(400)
 # Adaptive optimizers on both sides, so optimizer state must survive the restart too.
@@ -50,26 +51,35 @@ def test_resume_across_shard_counts_gives_the_same_bits(full, tmp_path):
     manifest = json.loads((d / "step-00000014" / "manifest.json").read_text())
     assert manifest["num_shards"] == 3 and len(manifest["shards"]) == 3
     # 1 shard again: resume at 15 (3 -> 1), run to 20
-    got = train(tmp_path, "c", 2, 1, [*OPT, "--max_step", "20", "--resume",
-                                      "--checkpoint-dir", str(d)])
+    got = train(
+        tmp_path, "c", 2, 1, [*OPT, "--max_step", "20", "--resume", "--checkpoint-dir", str(d)]
+    )
     assert_bits_equal(got, full[20])
 
 
 def test_resume_after_kill_gives_the_same_bits(full, tmp_path):
     d = tmp_path / "ck"
-    job = Job(3, ["--worker-num", "2", *SMALL, *OPT, "--max_step", "100000", *ckpt(d, 3)],
-              tmp_path / "killed.jsonl")
+    job = Job(
+        3,
+        ["--worker-num", "2", *SMALL, *OPT, "--max_step", "100000", *ckpt(d, 3)],
+        tmp_path / "killed.jsonl",
+    )
     try:
         job.wait_for_steps(8, timeout=120)
         job.kill_rank(2)  # the PS shard
-        rc, _, err = job.finish(timeout=90)
+        rc, _, _err = job.finish(timeout=90)
     finally:
         job.kill_all()
     assert rc != 0
     done = steps_in(d)
     assert done and done[-1] < 29, done
-    got = train(tmp_path, "resumed", 2, 1, [*OPT, "--max_step", "30", "--resume",
-                                            "--checkpoint-dir", str(d)])
+    got = train(
+        tmp_path,
+        "resumed",
+        2,
+        1,
+        [*OPT, "--max_step", "30", "--resume", "--checkpoint-dir", str(d)],
+    )
     assert_bits_equal(got, full[30])
 
 
@@ -81,8 +91,21 @@ def test_bad_checkpoints_stop_the_job_naming_the_file(tmp_path):
     good = shard.read_bytes()
 
     def resume(extra=()) -> str:
-        proc = mpirun(2, ["--worker-num", "1", *SMALL, "--max_step", "6", "--resume",
-                          "--checkpoint-dir", str(d), *extra], timeout=120)
+        proc = mpirun(
+            2,
+            [
+                "--worker-num",
+                "1",
+                *SMALL,
+                "--max_step",
+                "6",
+                "--resume",
+                "--checkpoint-dir",
+                str(d),
+                *extra,
+            ],
+            timeout=120,
+        )
         assert proc.returncode != 0, proc.stdout[-2000:]
         assert "step 4" not in proc.stdout  # no training happened
         return proc.stderr
@@ -100,8 +123,11 @@ def test_bad_checkpoints_stop_the_job_naming_the_file(tmp_path):
     # An unfinished checkpoint (no manifest) is ignored: resume starts over.
     shutil.rmtree(step)
     (d / "step-00000005").mkdir()
-    proc = mpirun(2, ["--worker-num", "1", *SMALL, "--max_step", "2", "--resume",
-                      "--checkpoint-dir", str(d)], timeout=120)
+    proc = mpirun(
+        2,
+        ["--worker-num", "1", *SMALL, "--max_step", "2", "--resume", "--checkpoint-dir", str(d)],
+        timeout=120,
+    )
     assert proc.returncode == 0 and "no complete checkpoint" in proc.stderr, proc.stderr[-3000:]
 
 
@@ -109,12 +135,18 @@ def test_bad_checkpoints_stop_the_job_naming_the_file(tmp_path):
 def test_resume_with_the_cache_stage(tmp_path, prescan):
     """--read-mode bagpipe: the caches start empty after a restore, and the run still ends
     with the bits of an uninterrupted cached run."""
-    cache = ["--read-mode", "bagpipe", "--optimization-cache-capacity", "4",
-             *(["--optimization-prescan"] if prescan else [])]
+    cache = [
+        "--read-mode",
+        "bagpipe",
+        "--optimization-cache-capacity",
+        "4",
+        *(["--optimization-prescan"] if prescan else []),
+    ]
     want = train(tmp_path, "full", 2, 1, [*cache, "--max_step", "16"])
     d = tmp_path / "ck"
     train(tmp_path, "a", 2, 1, [*cache, "--max_step", "10", *ckpt(d, 7)])
     assert steps_in(d) == [6]
-    got = train(tmp_path, "b", 2, 1, [*cache, "--max_step", "16", "--resume",
-                                      "--checkpoint-dir", str(d)])
+    got = train(
+        tmp_path, "b", 2, 1, [*cache, "--max_step", "16", "--resume", "--checkpoint-dir", str(d)]
+    )
     assert_bits_equal(got, want)

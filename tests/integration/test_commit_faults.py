@@ -4,6 +4,7 @@ Real PS process (python -m cpu_dist.sparse.server), real client processes: a ran
 SIGKILL mid-protocol makes the others' waits fail within their timeout, never hang, and the
 shard keeps serving.  (Closing with commits in flight: tests/mpi/test_commit_drain.py.)
 """
+
 from __future__ import annotations
 
 import os
@@ -26,10 +27,23 @@ DIM, TOKEN, SCALE = 4, "fault-token", 0.1
 def shard(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    proc = subprocess.Popen([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0",
-                             "--dim", str(DIM), "--token-file", str(token_file),
-                             "--init-scale", str(SCALE)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cpu_dist.sparse.server",
+            "--port",
+            "0",
+            "--dim",
+            str(DIM),
+            "--token-file",
+            str(token_file),
+            "--init-scale",
+            str(SCALE),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert line.startswith("listening on "), line
     yield line.split()[-1]
@@ -48,8 +62,12 @@ RANK1 = textwrap.dedent("""
 
 
 def test_lost_rank_gives_others_a_timeout_not_a_hang(shard):
-    rank1 = subprocess.Popen([sys.executable, "-c", RANK1.format(dim=DIM), shard, TOKEN],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    rank1 = subprocess.Popen(
+        [sys.executable, "-c", RANK1.format(dim=DIM), shard, TOKEN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert rank1.stdout.readline().strip() == "committed step 0"
         cl = Client([shard], TOKEN, DIM, timeout_s=10)

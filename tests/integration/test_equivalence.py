@@ -3,6 +3,7 @@
 Real mpirun jobs with real PS ranks (launcher.py, --dump-state) against the plain
 nn.EmbeddingBag reference of cpu_dist/train/reference.py on the same global batches.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,17 +14,29 @@ import torch
 
 from cpu_dist.data import make_dataset
 from cpu_dist.train.reference import train_reference
-from launch import train
+
+from .launch import train
 
 pytestmark = pytest.mark.timeout(900)
 
 
 def reference(sparse_optimizer: str, dense_optimizer: str = "sgd") -> dict:
-    return train_reference(dataset=make_dataset("synthetic", seed=0), steps=20, batch_size=96,
-                           dim=8, bot_mlp=[16, 8], top_mlp=[16, 1], seed=0, lr=0.1,
-                           sparse_lr=0.1, dense_optimizer=dense_optimizer,
-                           sparse_optimizer=sparse_optimizer, init_scale=8 ** -0.5,
-                           init_seed=0, dtype=torch.float32)
+    return train_reference(
+        dataset=make_dataset("synthetic", seed=0),
+        steps=20,
+        batch_size=96,
+        dim=8,
+        bot_mlp=[16, 8],
+        top_mlp=[16, 1],
+        seed=0,
+        lr=0.1,
+        sparse_lr=0.1,
+        dense_optimizer=dense_optimizer,
+        sparse_optimizer=sparse_optimizer,
+        init_scale=8**-0.5,
+        init_seed=0,
+        dtype=torch.float32,
+    )
 
 
 def assert_same_model(got: dict, want: dict, rtol: float, atol: float = 1e-6) -> None:
@@ -43,8 +56,13 @@ def runs(tmp_path_factory):
 def test_distributed_equals_single_process(runs, workers, shards, sparse_optimizer):
     tmp, cache = runs
     want = cache.setdefault(("ref", sparse_optimizer), reference(sparse_optimizer))
-    got = train(tmp, f"w{workers}p{shards}-{sparse_optimizer}", workers, shards,
-                ["--sparse-optimizer", sparse_optimizer])
+    got = train(
+        tmp,
+        f"w{workers}p{shards}-{sparse_optimizer}",
+        workers,
+        shards,
+        ["--sparse-optimizer", sparse_optimizer],
+    )
     cache[(workers, shards, sparse_optimizer)] = got
     assert len(got["sparse_keys"]) > 100
     assert_same_model(got, want, rtol=1e-5)
@@ -54,10 +72,12 @@ def test_distributed_equals_single_process(runs, workers, shards, sparse_optimiz
 def test_shard_count_changes_no_bit(runs, sparse_optimizer):
     tmp, cache = runs
     for w in (1, 2, 3):
-        one = cache.get((w, 1, sparse_optimizer)) or train(tmp, f"b{w}p1", w, 1,
-                                                           ["--sparse-optimizer", sparse_optimizer])
-        two = cache.get((w, 2, sparse_optimizer)) or train(tmp, f"b{w}p2", w, 2,
-                                                           ["--sparse-optimizer", sparse_optimizer])
+        one = cache.get((w, 1, sparse_optimizer)) or train(
+            tmp, f"b{w}p1", w, 1, ["--sparse-optimizer", sparse_optimizer]
+        )
+        two = cache.get((w, 2, sparse_optimizer)) or train(
+            tmp, f"b{w}p2", w, 2, ["--sparse-optimizer", sparse_optimizer]
+        )
         for k in one:
             np.testing.assert_array_equal(one[k], two[k], err_msg=f"W={w} {k}")
 
@@ -87,13 +107,23 @@ def test_adamw_and_float64(runs):
 def test_collective_aggregation_equals_reference_and_ps_mode(runs, workers, sparse_optimizer):
     tmp, cache = runs
     want = cache.setdefault(("ref", sparse_optimizer), reference(sparse_optimizer))
-    got = train(tmp, f"coll-w{workers}-{sparse_optimizer}", workers, 2,
-                ["--sparse-optimizer", sparse_optimizer, "--aggregation", "collective"])
+    got = train(
+        tmp,
+        f"coll-w{workers}-{sparse_optimizer}",
+        workers,
+        2,
+        ["--sparse-optimizer", sparse_optimizer, "--aggregation", "collective"],
+    )
     assert_same_model(got, want, rtol=1e-5)
     ps_mode = cache.get((workers, 2, sparse_optimizer))
     if ps_mode is None:
-        ps_mode = train(tmp, f"ps-w{workers}-{sparse_optimizer}", workers, 2,
-                        ["--sparse-optimizer", sparse_optimizer])
+        ps_mode = train(
+            tmp,
+            f"ps-w{workers}-{sparse_optimizer}",
+            workers,
+            2,
+            ["--sparse-optimizer", sparse_optimizer],
+        )
     assert_same_model(got, ps_mode, rtol=1e-5)
 
 
@@ -110,12 +140,32 @@ def test_real_criteo_rows_train_and_equal_the_reference(runs):
     the fused key space, two workers, two shards, against the reference on the same file."""
     tmp, _ = runs
     sample = Path(__file__).resolve().parents[2] / "cpu_dist/data/tests/data/criteo_sample.tsv"
-    flags = ["--data", "criteo", "--data-path", str(sample), "--batch-size", "16",
-             "--max_step", "8"]
+    flags = [
+        "--data",
+        "criteo",
+        "--data-path",
+        str(sample),
+        "--batch-size",
+        "16",
+        "--max_step",
+        "8",
+    ]
     got = train(tmp, "criteo", 2, 2, flags)
-    want = train_reference(dataset=make_dataset("criteo", path=sample), steps=8, batch_size=16,
-                           dim=8, bot_mlp=[16, 8], top_mlp=[16, 1], seed=0, lr=0.1,
-                           sparse_lr=0.1, dense_optimizer="sgd", sparse_optimizer="sgd",
-                           init_scale=8 ** -0.5, init_seed=0, dtype=torch.float32)
+    want = train_reference(
+        dataset=make_dataset("criteo", path=sample),
+        steps=8,
+        batch_size=16,
+        dim=8,
+        bot_mlp=[16, 8],
+        top_mlp=[16, 1],
+        seed=0,
+        lr=0.1,
+        sparse_lr=0.1,
+        dense_optimizer="sgd",
+        sparse_optimizer="sgd",
+        init_scale=8**-0.5,
+        init_seed=0,
+        dtype=torch.float32,
+    )
     assert (got["sparse_keys"] >> 32).max() == 25  # keys of all 26 features, fused
     assert_same_model(got, want, rtol=1e-5)

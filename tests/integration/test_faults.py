@@ -1,5 +1,6 @@
 """kill -9 of one rank in the middle of training: every other rank stops, the job exits non-zero
 within a bounded time, and the messages name the lost rank.  Real mpirun jobs, real PS ranks."""
+
 from __future__ import annotations
 
 import re
@@ -7,8 +8,8 @@ import time
 
 import pytest
 
-from jobctl import Job
-from launch import SMALL
+from .jobctl import Job
+from .launch import SMALL
 
 pytestmark = pytest.mark.timeout(240)
 BOUND_S = 60.0  # the documented bound (--rpc-timeout); mpirun's teardown is far quicker
@@ -17,12 +18,15 @@ BOUND_S = 60.0  # the documented bound (--rpc-timeout); mpirun's teardown is far
 @pytest.mark.parametrize("victim,kind", [(2, "ps"), (1, "worker")])
 def test_killed_rank_ends_the_job(tmp_path, victim, kind):
     # 2 workers (ranks 0, 1) + 1 PS shard (rank 2); long enough never to finish by itself.
-    job = Job(3, ["--worker-num", "2", *SMALL, "--max_step", "100000", "--rpc-timeout", "30"],
-              tmp_path / "m.jsonl")
+    job = Job(
+        3,
+        ["--worker-num", "2", *SMALL, "--max_step", "100000", "--rpc-timeout", "30"],
+        tmp_path / "m.jsonl",
+    )
     try:
         job.wait_for_steps(3, timeout=120)
         killed_at = job.kill_rank(victim)
-        rc, out, err = job.finish(timeout=BOUND_S + 30)
+        rc, _out, err = job.finish(timeout=BOUND_S + 30)
         took = time.monotonic() - killed_at
     finally:
         job.kill_all()
@@ -53,8 +57,15 @@ def test_shutdown_under_load_drains_what_it_acknowledged():
     for i in range(300):  # push i owns keys [1000 i, 1000 i + 200): counted row by row below
         keys = np.arange(1000 * i, 1000 * i + 200, dtype=np.int64)
         handles.append(cl.push_async(keys, np.ones((200, dim), np.float32), 0.5))
-    commit = cl.commit_async(7, 0, 0, 1, np.arange(10**7, 10**7 + 500, dtype=np.int64),
-                             np.ones((500, dim), np.float32), 0.5)
+    commit = cl.commit_async(
+        7,
+        0,
+        0,
+        1,
+        np.arange(10**7, 10**7 + 500, dtype=np.int64),
+        np.ones((500, dim), np.float32),
+        0.5,
+    )
     stopper = threading.Thread(target=srv.stop, args=(10.0,))
     stopper.start()
     ok = 0
@@ -84,8 +95,10 @@ def test_shutdown_under_load_drains_what_it_acknowledged():
     assert commit_rows in (0, 500), stats
     if commit_ok:
         assert commit_rows == 500
-    print(f"FIGURE shutdown under load: {ok}/300 pushes acknowledged, commit ok={commit_ok}, "
-          f"rows={stats['rows']}")
+    print(
+        f"FIGURE shutdown under load: {ok}/300 pushes acknowledged, commit ok={commit_ok}, "
+        f"rows={stats['rows']}"
+    )
 
 
 def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
@@ -100,15 +113,44 @@ def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
 
     token = tmp_path / "token"
     token.write_text("fault-token\n")
-    server = subprocess.Popen([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0",
-                               "--dim", "8", "--token-file", str(token)], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cpu_dist.sparse.server",
+            "--port",
+            "0",
+            "--dim",
+            "8",
+            "--token-file",
+            str(token),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = server.stdout.readline()  # "listening on HOST:PORT", printed once serving
         assert line.startswith("listening on "), line
         addr = line.split()[-1]
-        job = Job(2, ["--worker-num", "2", "--ps_list", addr, "--token-file", str(token), *SMALL,
-                      "--max_step", "100000", "--rpc-timeout", "10"], tmp_path / "m.jsonl")
+        job = Job(
+            2,
+            [
+                "--worker-num",
+                "2",
+                "--ps_list",
+                addr,
+                "--token-file",
+                str(token),
+                *SMALL,
+                "--max_step",
+                "100000",
+                "--rpc-timeout",
+                "10",
+            ],
+            tmp_path / "m.jsonl",
+        )
         try:
             job.wait_for_steps(3, timeout=120)
             os.kill(server.pid, signal.SIGKILL)
@@ -123,5 +165,8 @@ def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
     print(f"FIGURE kill -9 external shard: job exited {rc} after {took:.2f} s")
     assert rc != 0
     assert took < 10 + 20, took  # the RPC timeout, plus MPI_Abort's teardown
-    assert re.search(rf"failed: PSError: shard 0 \({re.escape(addr)}\): (UNAVAILABLE|"
-                     "DEADLINE_EXCEEDED)", err), err[-3000:]
+    assert re.search(
+        rf"failed: PSError: shard 0 \({re.escape(addr)}\): (UNAVAILABLE|"
+        "DEADLINE_EXCEEDED)",
+        err,
+    ), err[-3000:]

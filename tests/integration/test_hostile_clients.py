@@ -7,6 +7,7 @@ proto/ps.proto (grpcio; stubs generated into a temp dir at test time).
   is byte-identical to before it.  Size: $CPU_DIST_FUZZ_REQUESTS (default 1000, a few seconds);
 - an oversized request is refused by the configured message limit, with memory unmoved.
 """
+
 from __future__ import annotations
 
 import collections
@@ -17,8 +18,8 @@ import grpc
 import numpy as np
 import pytest
 
-from cpu_dist.sparse.grpc_stubs import generate
 from cpu_dist.sparse import Client, Server
+from cpu_dist.sparse.grpc_stubs import generate
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "fuzz-token-0123456789abcdef"
@@ -26,8 +27,19 @@ DIM = 4
 LIMIT = 256 << 10
 METHOD = "/cpu_dist.ps.ParameterServer/"
 FUZZ_REQUESTS = int(os.environ.get("CPU_DIST_FUZZ_REQUESTS", "1000"))
-METHODS = ["Pull", "Push", "Commit", "WaitCommitted", "CloseSession", "Stats", "Health", "Dump",
-           "Shutdown", "Save", "Load"]
+METHODS = [
+    "Pull",
+    "Push",
+    "Commit",
+    "WaitCommitted",
+    "CloseSession",
+    "Stats",
+    "Health",
+    "Dump",
+    "Shutdown",
+    "Save",
+    "Load",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +49,20 @@ def pb(tmp_path_factory):
 
 @pytest.fixture
 def shard(tmp_path):
-    srv = Server(DIM, TOKEN, init_scale=0.1, seed=3, max_message_bytes=LIMIT,
-                 checkpoint_dir=str(tmp_path))
+    srv = Server(
+        DIM, TOKEN, init_scale=0.1, seed=3, max_message_bytes=LIMIT, checkpoint_dir=str(tmp_path)
+    )
     srv.start()
     cl = Client([srv.address], TOKEN, DIM, timeout_s=20.0)
     keys = np.arange(50, dtype=np.int64)
     cl.push(keys, np.ones((50, DIM), np.float32), 0.1, "rowwise_adagrad")
-    channel = grpc.insecure_channel(srv.address, options=[
-        ("grpc.max_send_message_length", 64 << 20),
-        ("grpc.max_receive_message_length", 64 << 20)])
+    channel = grpc.insecure_channel(
+        srv.address,
+        options=[
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", 64 << 20),
+        ],
+    )
     yield srv, cl, channel
     channel.close()
     srv.stop(2.0)
@@ -68,33 +85,60 @@ def call(channel, method: str, payload: bytes, timeout: float = 10.0):
 
 def valid_request(pb, method: str, rng: np.random.Generator, token: str = TOKEN):
     n = int(rng.integers(0, 20))
-    keys = rng.integers(-2**40, 2**40, n).astype(np.int64).tobytes()
+    keys = rng.integers(-(2**40), 2**40, n).astype(np.int64).tobytes()
     grads = rng.standard_normal((n, DIM)).astype(np.float32).tobytes()
     common = dict(token=token)
     if method == "Pull":
         return pb.PullRequest(**common, table="embedding", dim=DIM, keys=keys)
     if method == "Push":
-        return pb.PushRequest(**common, table="embedding", dim=DIM, keys=keys, grads=grads,
-                              lr=0.01, optimizer=int(rng.integers(0, 2)))
+        return pb.PushRequest(
+            **common,
+            table="embedding",
+            dim=DIM,
+            keys=keys,
+            grads=grads,
+            lr=0.01,
+            optimizer=int(rng.integers(0, 2)),
+        )
     if method == "Commit":
-        return pb.CommitRequest(**common, table="embedding", session=int(rng.integers(1, 4)),
-                                step=0, rank=0, world_size=int(rng.integers(1, 3)), chunk_index=0,
-                                chunk_count=1, dim=DIM, lr=0.01, keys=keys, grads=grads)
+        return pb.CommitRequest(
+            **common,
+            table="embedding",
+            session=int(rng.integers(1, 4)),
+            step=0,
+            rank=0,
+            world_size=int(rng.integers(1, 3)),
+            chunk_index=0,
+            chunk_count=1,
+            dim=DIM,
+            lr=0.01,
+            keys=keys,
+            grads=grads,
+        )
     if method == "WaitCommitted":
-        return pb.WaitCommittedRequest(**common, session=int(rng.integers(1, 4)),
-                                       step=pick(rng, [-1, -1, -1, 0, 1]))
+        return pb.WaitCommittedRequest(
+            **common, session=int(rng.integers(1, 4)), step=pick(rng, [-1, -1, -1, 0, 1])
+        )
     if method == "CloseSession":
-        return pb.CloseSessionRequest(**common, session=int(rng.integers(1, 4)),
-                                      rank=int(rng.integers(0, 3)))
+        return pb.CloseSessionRequest(
+            **common, session=int(rng.integers(1, 4)), rank=int(rng.integers(0, 3))
+        )
     if method == "Dump":
         return pb.DumpRequest(**common, table="embedding")
     if method == "Save":
-        return pb.SaveRequest(**common, table="embedding", path=pick(rng, ["f/a.bin", "b.bin"]),
-                              step=int(rng.integers(0, 5)))
+        return pb.SaveRequest(
+            **common,
+            table="embedding",
+            path=pick(rng, ["f/a.bin", "b.bin"]),
+            step=int(rng.integers(0, 5)),
+        )
     if method == "Load":
-        return pb.LoadRequest(**common, table="embedding",
-                              paths=[pick(rng, ["f/a.bin", "b.bin", "none.bin"])],
-                              stage=int(rng.integers(0, 4)))
+        return pb.LoadRequest(
+            **common,
+            table="embedding",
+            paths=[pick(rng, ["f/a.bin", "b.bin", "none.bin"])],
+            stage=int(rng.integers(0, 4)),
+        )
     return getattr(pb, f"{method}Request")(**common)
 
 
@@ -105,8 +149,9 @@ def pick(rng: np.random.Generator, options: list):
 def random_value(field, rng: np.random.Generator):
     t = field.type
     if t == field.TYPE_STRING:
-        return str(pick(rng, ["", TOKEN, TOKEN + "x", TOKEN[:-1], "embedding", "other",
-                               "\u00e9" * 3]))
+        return str(
+            pick(rng, ["", TOKEN, TOKEN + "x", TOKEN[:-1], "embedding", "other", "\u00e9" * 3])
+        )
     if t == field.TYPE_BYTES:
         choice = int(rng.integers(0, 4))
         if choice == 0:
@@ -145,7 +190,8 @@ def mutate_fields(msg, rng: np.random.Generator):
         if f.is_repeated:  # Load's paths, sizes, checksums
             del getattr(msg, f.name)[:]
             getattr(msg, f.name).extend(
-                [random_value_scalar(f, rng) for _ in range(int(rng.integers(0, 3)))])
+                [random_value_scalar(f, rng) for _ in range(int(rng.integers(0, 3)))]
+            )
         else:
             setattr(msg, f.name, random_value(f, rng))
     return msg.SerializeToString()
@@ -154,31 +200,35 @@ def mutate_fields(msg, rng: np.random.Generator):
 def mutate_bytes(data: bytes, rng: np.random.Generator) -> bytes:
     b = bytearray(data)
     kind = int(rng.integers(0, 6))
-    if kind == 0 and b:                       # flip bits
+    if kind == 0 and b:  # flip bits
         for _ in range(int(rng.integers(1, 8))):
             i = int(rng.integers(0, len(b)))
             b[i] ^= 1 << int(rng.integers(0, 8))
-    elif kind == 1 and b:                     # truncate
-        del b[int(rng.integers(0, len(b))):]
-    elif kind == 2:                           # insert junk
+    elif kind == 1 and b:  # truncate
+        del b[int(rng.integers(0, len(b))) :]
+    elif kind == 2:  # insert junk
         i = int(rng.integers(0, len(b) + 1))
         b[i:i] = rng.bytes(int(rng.integers(1, 16)))
-    elif kind == 3:                           # pure noise
+    elif kind == 3:  # pure noise
         b = bytearray(rng.bytes(int(rng.integers(0, 256))))
-    elif kind == 4:                           # a field whose length runs past the end
+    elif kind == 4:  # a field whose length runs past the end
         b += bytes([0x22, 0xFF, 0xFF, 0xFF, 0x7F]) + rng.bytes(4)
-    else:                                     # an unknown field (tag 99) appended: valid proto
+    else:  # an unknown field (tag 99) appended: valid proto
         b += bytes([0x9A, 0x06, 0x03]) + b"abc"
     return bytes(b)
 
 
 def test_wrong_or_missing_token_is_refused_everywhere(shard, pb):
-    srv, cl, channel = shard
+    _srv, cl, channel = shard
     before = snapshot(cl)
     rng = np.random.default_rng(0)
     for method in METHODS:
-        for token, want in (("", "missing token"), ("wrong", "wrong token"),
-                            (TOKEN[:-1], "wrong token"), (TOKEN + "x", "wrong token")):
+        for token, want in (
+            ("", "missing token"),
+            ("wrong", "wrong token"),
+            (TOKEN[:-1], "wrong token"),
+            (TOKEN + "x", "wrong token"),
+        ):
             req = valid_request(pb, method, rng, token=token)
             code, details = call(channel, method, req.SerializeToString())
             assert code == grpc.StatusCode.UNAUTHENTICATED, (method, token, code, details)
@@ -188,7 +238,7 @@ def test_wrong_or_missing_token_is_refused_everywhere(shard, pb):
 
 
 def test_fuzz_every_method(shard, pb):
-    srv, cl, channel = shard
+    _srv, cl, channel = shard
     rng = np.random.default_rng(int(os.environ.get("CPU_DIST_FUZZ_SEED", "1")))
     outcomes: dict[str, collections.Counter] = {m: collections.Counter() for m in METHODS}
     before = snapshot(cl)
@@ -213,10 +263,12 @@ def test_fuzz_every_method(shard, pb):
         # A long poll is answered shortly before the caller's deadline; on a loaded machine the
         # caller's 0.2 s may run out first, which is still an answer (and changes nothing).
         late_poll = method == "WaitCommitted" and code == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert late_poll or code not in (grpc.StatusCode.UNAVAILABLE,
-                                         grpc.StatusCode.DEADLINE_EXCEEDED,
-                                         grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), \
-            (i, method, mode, code, details)
+        assert late_poll or code not in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.UNKNOWN,
+            grpc.StatusCode.INTERNAL,
+        ), (i, method, mode, code, details)
         after = snapshot(cl)
         if code != grpc.StatusCode.OK:
             assert after == before, f"request {i} ({method}, {code.name}: {details}) changed rows"
@@ -238,19 +290,29 @@ def resident_bytes(pid: int) -> int:
 
 
 def test_oversized_request_refused_by_the_configured_limit(shard, pb):
-    srv, cl, channel = shard
+    _srv, cl, channel = shard
     before = snapshot(cl)
     rss0 = resident_bytes(os.getpid())
     n = 2 * LIMIT // (8 + 4 * DIM)
     for method in ("Push", "Pull", "Commit"):
         big = bytes(8 * n)
-        payload = {"Push": lambda: pb.PushRequest(token=TOKEN, table="embedding", dim=DIM,
-                                                 keys=big, grads=bytes(4 * DIM * n), lr=0.1),
-                   "Pull": lambda: pb.PullRequest(token=TOKEN, table="embedding", dim=DIM,
-                                                 keys=big * 4),
-                   "Commit": lambda: pb.CommitRequest(token=TOKEN, table="embedding", session=9,
-                                                     world_size=1, chunk_count=1, dim=DIM, lr=0.1,
-                                                     keys=big, grads=bytes(4 * DIM * n))}[method]()
+        payload = {
+            "Push": lambda: pb.PushRequest(
+                token=TOKEN, table="embedding", dim=DIM, keys=big, grads=bytes(4 * DIM * n), lr=0.1
+            ),
+            "Pull": lambda: pb.PullRequest(token=TOKEN, table="embedding", dim=DIM, keys=big * 4),
+            "Commit": lambda: pb.CommitRequest(
+                token=TOKEN,
+                table="embedding",
+                session=9,
+                world_size=1,
+                chunk_count=1,
+                dim=DIM,
+                lr=0.1,
+                keys=big,
+                grads=bytes(4 * DIM * n),
+            ),
+        }[method]()
         code, details = call(channel, method, payload.SerializeToString())
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, code, details)
     # A header that claims a 2 GiB field: refused by parsing, nothing is allocated for it.
@@ -265,15 +327,29 @@ def test_oversized_request_refused_by_the_configured_limit(shard, pb):
 def test_fields_that_size_allocations_are_capped(shard, pb):
     """world_size, chunk_count and rank size the shard's per-session bookkeeping: huge values
     are refused, not allocated (the fuzz run above once found one that ended the process)."""
-    srv, cl, channel = shard
+    _srv, cl, channel = shard
     before = snapshot(cl)
     rss0 = resident_bytes(os.getpid())
     for ws, cc in [(2**32 - 1, 1), (2**31, 1), (1, 2**32 - 1), (1, 2**31), (10**8, 1)]:
-        req = pb.CommitRequest(token=TOKEN, table="embedding", session=77, step=0, rank=0,
-                               world_size=ws, chunk_index=0, chunk_count=cc, dim=DIM, lr=0.1)
+        req = pb.CommitRequest(
+            token=TOKEN,
+            table="embedding",
+            session=77,
+            step=0,
+            rank=0,
+            world_size=ws,
+            chunk_index=0,
+            chunk_count=cc,
+            dim=DIM,
+            lr=0.1,
+        )
         code, details = call(channel, "Commit", req.SerializeToString())
-        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), \
-            (ws, cc, code, details)
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), (
+            ws,
+            cc,
+            code,
+            details,
+        )
     assert snapshot(cl) == before
     assert resident_bytes(os.getpid()) - rss0 < 64 << 20
     assert cl.health()[0]["serving"]

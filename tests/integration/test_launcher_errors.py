@@ -1,16 +1,26 @@
 """Bad flags stop every rank before training with one message and a non-zero exit code."""
+
 import pytest
 
-from launch import mpirun
+from .launch import mpirun
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--worker-num", "2", "--batch-size", "7"], "--batch-size 7 is not divisible by --worker-num 2"),
-    (["--worker-num", "3"], "leaves no PS rank"),
-    (["--worker-num", "2", "--data", "criteo", "--data-path", "/no/such.tsv"], "/no/such.tsv: no such file"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (
+            ["--worker-num", "2", "--batch-size", "7"],
+            "--batch-size 7 is not divisible by --worker-num 2",
+        ),
+        (["--worker-num", "3"], "leaves no PS rank"),
+        (
+            ["--worker-num", "2", "--data", "criteo", "--data-path", "/no/such.tsv"],
+            "/no/such.tsv: no such file",
+        ),
+    ],
+)
 def test_bad_flags_fail_before_training(argv, needle):
     proc = mpirun(3, argv, timeout=90)
     assert proc.returncode != 0

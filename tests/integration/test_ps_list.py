@@ -4,6 +4,7 @@
    (python -m cpu_dist.sparse.server) and the model still equals the reference.
 2. PS ranks in the job: PS rank i listens on the i-th --ps_list address.
 """
+
 from __future__ import annotations
 
 import socket
@@ -13,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from launch import SMALL, mpirun
-from test_equivalence import assert_same_model, reference
+from .launch import SMALL, mpirun
+from .test_equivalence import assert_same_model, reference
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,16 +30,43 @@ def test_workers_use_shards_started_elsewhere(tmp_path):
     token = tmp_path / "token"
     token.write_text("external-secret\n")
     server = subprocess.Popen(
-        [sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0", "--dim", "8",
-         "--token-file", str(token), "--seed", "0", "--init-scale", str(8 ** -0.5)],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "cpu_dist.sparse.server",
+            "--port",
+            "0",
+            "--dim",
+            "8",
+            "--token-file",
+            str(token),
+            "--seed",
+            "0",
+            "--init-scale",
+            str(8**-0.5),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = server.stdout.readline()
         assert line.startswith("listening on "), line
         address = line.split()[-1]
         out = tmp_path / "ext.npz"
-        proc = mpirun(2, ["--worker-num", "2", "--ps_list", address, "--token-file", str(token),
-                          *SMALL, "--dump-state", str(out)])
+        proc = mpirun(
+            2,
+            [
+                "--worker-num",
+                "2",
+                "--ps_list",
+                address,
+                "--token-file",
+                str(token),
+                *SMALL,
+                "--dump-state",
+                str(out),
+            ],
+        )
         assert proc.returncode == 0, proc.stderr
         assert server.poll() is None  # the job leaves shards it did not start running
         with np.load(out) as z:
@@ -47,8 +75,9 @@ def test_workers_use_shards_started_elsewhere(tmp_path):
         # A job with the wrong token is refused by the shard, and says which shard refused it.
         bad = tmp_path / "bad"
         bad.write_text("wrong")
-        proc = mpirun(1, ["--worker-num", "1", "--ps_list", address, "--token-file", str(bad),
-                          *SMALL])
+        proc = mpirun(
+            1, ["--worker-num", "1", "--ps_list", address, "--token-file", str(bad), *SMALL]
+        )
         assert proc.returncode != 0
         assert "UNAUTHENTICATED" in proc.stderr and address in proc.stderr
     finally:
@@ -60,8 +89,20 @@ def test_ps_ranks_listen_on_the_given_addresses(tmp_path):
     ports = [free_port(), free_port()]
     ps_list = ",".join(f"127.0.0.1:{p}" for p in ports)
     out = tmp_path / "given.npz"
-    proc = mpirun(3, ["--worker-num", "1", "--ps_list", ps_list, *SMALL, "--metrics-out",
-                      str(tmp_path / "m.jsonl"), "--dump-state", str(out)])
+    proc = mpirun(
+        3,
+        [
+            "--worker-num",
+            "1",
+            "--ps_list",
+            ps_list,
+            *SMALL,
+            "--metrics-out",
+            str(tmp_path / "m.jsonl"),
+            "--dump-state",
+            str(out),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.exists()
     # A port already taken fails the start on every rank, naming the PS rank and the address.

@@ -5,6 +5,7 @@ slurmd with scripts/slurm/cluster.sh in a temporary folder, and stops them after
 when a test fails. Jobs are real: sbatch --wait, srun --mpi=pmix, OpenMPI over PMIx, the real
 launcher. The module is skipped only when Slurm cannot be installed on this machine at all.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,15 +26,24 @@ TRAIN = ROOT / "scripts" / "slurm" / "train.sbatch"
 TEST = ROOT / "scripts" / "slurm" / "test.sbatch"
 PY = ROOT / ".venv" / "bin" / "python"
 
-INSTALL_TIMEOUT_S = 900   # apt-get update + install on a slow mirror
-CLUSTER_TIMEOUT_S = 180   # start or stop
+INSTALL_TIMEOUT_S = 900  # apt-get update + install on a slow mirror
+CLUSTER_TIMEOUT_S = 180  # start or stop
 SMALL_JOB_TIMEOUT_S = 180
-TRAIN_TIMEOUT_S = 900     # a few training steps on 2 busy cores
+TRAIN_TIMEOUT_S = 900  # a few training steps on 2 busy cores
 
 # A few steps of the default model, small enough for 2 cores; the same flags under sbatch and
 # under mpirun.
-TRAIN_FLAGS = ["--worker-num", "2", "--max_step", "5", "--batch-size", "256", "--seed", "7",
-               "--no-progress"]
+TRAIN_FLAGS = [
+    "--worker-num",
+    "2",
+    "--max_step",
+    "5",
+    "--batch-size",
+    "256",
+    "--seed",
+    "7",
+    "--no-progress",
+]
 
 
 def _clean_env() -> dict[str, str]:
@@ -44,11 +54,15 @@ def _clean_env() -> dict[str, str]:
     """
     drop = ("SLURM_", "PMIX_", "PMI_", "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "PRTE_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update({
-        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "OMPI_MCA_rmaps_base_oversubscribe": "1", "PYTHONUNBUFFERED": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    })
+    env.update(
+        {
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_rmaps_base_oversubscribe": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
     return env
 
 
@@ -57,8 +71,9 @@ class Cluster:
     dir: Path
     env: dict[str, str]
 
-    def run(self, args: list[str], timeout: float, cwd: Path,
-            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, args: list[str], timeout: float, cwd: Path, extra_env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against the private cluster, bounded by `timeout`.
 
         On a timeout every job of the private cluster (all of them are this module's) is
@@ -66,22 +81,40 @@ class Cluster:
         """
         env = {**self.env, **(extra_env or {})}
         try:
-            return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
-                                  timeout=timeout, check=False)
+            return subprocess.run(
+                args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired as exc:
-            subprocess.run(["scancel", "--full", "-u", _user()], env=self.env,
-                           capture_output=True, timeout=30, check=False)
-            pytest.fail(f"{' '.join(map(str, args))} did not finish within {timeout} s; "
-                        f"output so far:\n{exc.stdout or ''}\n{exc.stderr or ''}\n"
-                        f"{self.daemon_logs()}")
+            subprocess.run(
+                ["scancel", "--full", "-u", _user()],
+                env=self.env,
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            pytest.fail(
+                f"{' '.join(map(str, args))} did not finish within {timeout} s; "
+                f"output so far:\n{exc.stdout or ''}\n{exc.stderr or ''}\n"
+                f"{self.daemon_logs()}"
+            )
 
-    def sbatch(self, script: Path, sbatch_flags: list[str], script_args: list[str],
-               workdir: Path, timeout: float, extra_env: dict[str, str] | None = None,
-               ) -> tuple[int, str]:
+    def sbatch(
+        self,
+        script: Path,
+        sbatch_flags: list[str],
+        script_args: list[str],
+        workdir: Path,
+        timeout: float,
+        extra_env: dict[str, str] | None = None,
+    ) -> tuple[int, str]:
         """sbatch --wait; returns the job's exit code and its output file's text."""
         out = workdir / f"job-{time.monotonic_ns()}.out"
-        proc = self.run(["sbatch", "--wait", "-o", str(out), *sbatch_flags, str(script),
-                         *script_args], timeout=timeout, cwd=workdir, extra_env=extra_env)
+        proc = self.run(
+            ["sbatch", "--wait", "-o", str(out), *sbatch_flags, str(script), *script_args],
+            timeout=timeout,
+            cwd=workdir,
+            extra_env=extra_env,
+        )
         text = out.read_text(errors="replace") if out.exists() else ""
         return proc.returncode, f"{text}\n--- sbatch: {proc.stdout}{proc.stderr}"
 
@@ -95,12 +128,19 @@ class Cluster:
 
 def _user() -> str:
     import pwd
+
     return pwd.getpwuid(os.getuid()).pw_name
 
 
 def _sh(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, env=_clean_env())
+    return subprocess.run(
+        ["bash", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=_clean_env(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +148,14 @@ def cluster():
     try:
         inst = _sh([str(CLUSTER), "install"], INSTALL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.skip(f"Slurm cannot be installed here: `cluster.sh install` took over "
-                    f"{INSTALL_TIMEOUT_S} s")
+        pytest.skip(
+            f"Slurm cannot be installed here: `cluster.sh install` took over {INSTALL_TIMEOUT_S} s"
+        )
     if inst.returncode != 0:
-        pytest.skip("Slurm cannot be installed here (slurm-wlm/munge missing and "
-                    f"`scripts/slurm/cluster.sh install` failed):\n{inst.stderr[-2000:]}")
+        pytest.skip(
+            "Slurm cannot be installed here (slurm-wlm/munge missing and "
+            f"`scripts/slurm/cluster.sh install` failed):\n{inst.stderr[-2000:]}"
+        )
     # A short path: munge's and PMIx's unix sockets live below it (108-byte limit).
     state = Path(tempfile.mkdtemp(prefix="cpu_dist-slurm-"))
     try:
@@ -166,8 +209,12 @@ def stub_project(tmp_path: Path) -> Path:
     """
     root = tmp_path / "proj"
     (root / "scripts" / "slurm").mkdir(parents=True)
-    for rel in ("scripts/env.sh", "scripts/slurm/train.sbatch", "scripts/slurm/test.sbatch",
-                "scripts/slurm/job_env.sh"):
+    for rel in (
+        "scripts/env.sh",
+        "scripts/slurm/train.sbatch",
+        "scripts/slurm/test.sbatch",
+        "scripts/slurm/job_env.sh",
+    ):
         shutil.copy2(ROOT / rel, root / rel)
     (root / ".venv").symlink_to(ROOT / ".venv")
     (root / "launcher.py").write_text(STUB_LAUNCHER)
@@ -191,15 +238,16 @@ def test_train_script_forms_one_mpi_world_and_passes_arguments(cluster, stub_pro
     assert report["size"] == 3
     assert sorted(map(tuple, report["ranks"])) == [(0, 0), (1, 1), (2, 2)]
     assert report["argv"] == args
-    assert report["cwd"] == str(workdir)          # relative paths stay relative to submit dir
+    assert report["cwd"] == str(workdir)  # relative paths stay relative to submit dir
     assert report["exe"].startswith(str(stub_project / ".venv"))
 
 
 @pytest.mark.timeout(SMALL_JOB_TIMEOUT_S + 60)
 def test_train_script_defaults_worker_num_to_all_tasks_but_one(cluster, stub_project, workdir):
     script = stub_project / "scripts" / "slurm" / "train.sbatch"
-    rc, out = cluster.sbatch(script, ["-n", "4", "-O"], ["--seed", "3"], workdir,
-                             SMALL_JOB_TIMEOUT_S)
+    rc, out = cluster.sbatch(
+        script, ["-n", "4", "-O"], ["--seed", "3"], workdir, SMALL_JOB_TIMEOUT_S
+    )
     assert rc == 0, out
     report = _stub_report(out)
     assert report["size"] == 4 and report["argv"] == ["--worker-num", "3", "--seed", "3"]
@@ -208,8 +256,14 @@ def test_train_script_defaults_worker_num_to_all_tasks_but_one(cluster, stub_pro
 @pytest.mark.timeout(SMALL_JOB_TIMEOUT_S + 60)
 def test_stub_launcher_reports_srun_without_pmix(cluster, stub_project, workdir):
     script = stub_project / "scripts" / "slurm" / "train.sbatch"
-    rc, out = cluster.sbatch(script, ["-n", "3", "-O"], ["--worker-num", "2"], workdir,
-                             SMALL_JOB_TIMEOUT_S, extra_env={"SLURM_MPI_TYPE": "none"})
+    rc, out = cluster.sbatch(
+        script,
+        ["-n", "3", "-O"],
+        ["--worker-num", "2"],
+        workdir,
+        SMALL_JOB_TIMEOUT_S,
+        extra_env={"SLURM_MPI_TYPE": "none"},
+    )
     assert rc != 0, out
     assert "STUB " not in out
     assert "SLURM_NTASKS=3" in out and "srun --mpi=pmix" in out, out
@@ -237,15 +291,22 @@ def test_test_script_runs_pytest_mpi_under_srun(cluster, workdir):
     tests.write_text(MPI_TESTS)
     logs = workdir / "logs"
     env = {"CPU_DIST_LOG_DIR": str(logs)}
-    rc, out = cluster.sbatch(TEST, ["-n", "3", "-O"], [str(tests)], workdir,
-                             SMALL_JOB_TIMEOUT_S, extra_env=env)
+    rc, out = cluster.sbatch(
+        TEST, ["-n", "3", "-O"], [str(tests)], workdir, SMALL_JOB_TIMEOUT_S, extra_env=env
+    )
     assert rc == 0, out
     assert "2 passed" in out
     assert (logs / "pytest.xml").exists() and (logs / "rank2.log").exists()
     assert "2 passed" in (logs / "rank2.log").read_text()
 
-    rc, out = cluster.sbatch(TEST, ["-n", "3", "-O"], [str(tests)], workdir,
-                             SMALL_JOB_TIMEOUT_S, extra_env={**env, "FAIL_ON_RANK": "2"})
+    rc, out = cluster.sbatch(
+        TEST,
+        ["-n", "3", "-O"],
+        [str(tests)],
+        workdir,
+        SMALL_JOB_TIMEOUT_S,
+        extra_env={**env, "FAIL_ON_RANK": "2"},
+    )
     assert rc != 0, out
     assert "rank2.log" in out and "test_fails_on_one_rank_only" in out, out
 
@@ -269,9 +330,15 @@ def _mpirun(np_: int, args: list[str], cwd: Path, timeout: float) -> subprocess.
     for name in ("OMPI_MCA_oob_tcp_if_include", "OMPI_MCA_btl_tcp_if_include"):
         env.setdefault(name, "lo")
     try:
-        return subprocess.run(["mpirun", "-np", str(np_), str(PY), str(ROOT / "launcher.py"),
-                               *args], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        return subprocess.run(
+            ["mpirun", "-np", str(np_), str(PY), str(ROOT / "launcher.py"), *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"mpirun did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
 
@@ -281,19 +348,30 @@ def test_sbatch_training_equals_mpirun_bit_for_bit(cluster, workdir):
     ref = _mpirun(3, [*TRAIN_FLAGS, "--dump-state", "mpirun.npz"], workdir, TRAIN_TIMEOUT_S)
     assert ref.returncode == 0, f"mpirun reference run failed:\n{ref.stdout}\n{ref.stderr}"
 
-    rc, out = cluster.sbatch(TRAIN, ["-n", "3", "-O"], [*TRAIN_FLAGS, "--dump-state",
-                             "slurm.npz"], workdir, TRAIN_TIMEOUT_S)
+    rc, out = cluster.sbatch(
+        TRAIN,
+        ["-n", "3", "-O"],
+        [*TRAIN_FLAGS, "--dump-state", "slurm.npz"],
+        workdir,
+        TRAIN_TIMEOUT_S,
+    )
     assert rc == 0, out + cluster.daemon_logs()
     _assert_same_state(workdir / "mpirun.npz", workdir / "slurm.npz")
 
 
 @pytest.mark.timeout(SMALL_JOB_TIMEOUT_S + 60)
 def test_launcher_reports_srun_without_pmix(cluster, workdir):
-    rc, out = cluster.sbatch(TRAIN, ["-n", "3", "-O"], [*TRAIN_FLAGS], workdir,
-                             SMALL_JOB_TIMEOUT_S, extra_env={"SLURM_MPI_TYPE": "none"})
+    rc, out = cluster.sbatch(
+        TRAIN,
+        ["-n", "3", "-O"],
+        [*TRAIN_FLAGS],
+        workdir,
+        SMALL_JOB_TIMEOUT_S,
+        extra_env={"SLURM_MPI_TYPE": "none"},
+    )
     assert rc != 0, out
     assert "OMPI was not built with SLURM's PMI support" not in out, (
         "OpenMPI aborted in MPI_Init before the launcher could explain: launcher.py must call "
-        "cpu_dist.common.slurm.check_launch_environment() before `from mpi4py import MPI`\n"
-        + out)
+        "cpu_dist.common.slurm.check_launch_environment() before `from mpi4py import MPI`\n" + out
+    )
     assert "SLURM_NTASKS=3" in out and "srun --mpi=pmix" in out, out

@@ -1,10 +1,16 @@
 """A real job inside a pytest-mpi test: the last rank(s) serve a PS shard, the rest are workers."""
+
 from __future__ import annotations
 
 from mpi4py import MPI
 
-from cpu_dist.common.mpi_context import (Roles, exchange_ps_addresses, share_job_secret,
-                                         split_roles, wait_all)
+from cpu_dist.common.mpi_context import (
+    Roles,
+    exchange_ps_addresses,
+    share_job_secret,
+    split_roles,
+    wait_all,
+)
 from cpu_dist.sparse import Client, Server
 
 
@@ -19,8 +25,14 @@ def start_job(dim: int, seed: int, scale: float) -> tuple[Roles, str, int, list[
     token, session = share_job_secret(roles)
     if roles.is_worker:
         return roles, token, session, exchange_ps_addresses(roles, None, None)
-    server = Server(dim, token, init_scale=scale, seed=seed, shard_index=roles.role_rank,
-                    num_shards=roles.num_ps_ranks)
+    server = Server(
+        dim,
+        token,
+        init_scale=scale,
+        seed=seed,
+        shard_index=roles.role_rank,
+        num_shards=roles.num_ps_ranks,
+    )
     exchange_ps_addresses(roles, f"127.0.0.1:{server.start()}", None)
     while not server.wait(0.5):
         pass

@@ -3,14 +3,12 @@
 A rank whose test fails prints the failure and aborts COMM_WORLD, so ranks blocked in a
 collective with it are killed by mpirun at once and the run exits non-zero.
 """
+
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -19,8 +17,10 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed and item.get_closest_marker("mpi") is not None:
         from mpi4py import MPI
+
         rank = MPI.COMM_WORLD.Get_rank()
-        sys.stderr.write(f"\n[rank {rank}] {item.nodeid} failed in {report.when}:\n"
-                         f"{report.longreprtext}\n")
+        sys.stderr.write(
+            f"\n[rank {rank}] {item.nodeid} failed in {report.when}:\n{report.longreprtext}\n"
+        )
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)

@@ -1,10 +1,12 @@
 """Closing the sparse updater drains the commit still in flight (real ranks, real shards)."""
+
 import numpy as np
 import pytest
 
-from cluster import end_job, start_job
 from cpu_dist.sparse import Client, row_init
 from cpu_dist.train.sparse_updates import SparseUpdater
+
+from .cluster import end_job, start_job
 
 pytestmark = [pytest.mark.mpi(min_size=3), pytest.mark.timeout(120)]
 DIM, SEED, SCALE = 4, 3, 0.1
@@ -19,15 +21,17 @@ def test_finish_drains_in_flight_commit(aggregation):
     client = Client(addresses, token, DIM, max_keys_per_rpc=8)
     W, r = roles.role_size, roles.role_rank
     keys = np.arange(64, dtype=np.int64)
-    up = SparseUpdater(client, roles.comm, session, lr=0.25, optimizer="sgd",
-                       aggregation=aggregation)
+    up = SparseUpdater(
+        client, roles.comm, session, lr=0.25, optimizer="sgd", aggregation=aggregation
+    )
     for step in range(5):
         up.wait_readable(step)
         up.submit(step, keys, np.full((64, DIM), r + 1.0, np.float32))
     assert up.pending is not None  # step 4's commit is still in flight here...
-    up.finish(4)                   # ...and finish waits for it, then closes the session
+    up.finish(4)  # ...and finish waits for it, then closes the session
     assert up.pending is None
     mean = sum(range(1, W + 1)) / W
-    np.testing.assert_allclose(client.pull(keys),
-                               row_init(SEED, keys, DIM, SCALE) - 5 * mean * 0.25, rtol=1e-5)
+    np.testing.assert_allclose(
+        client.pull(keys), row_init(SEED, keys, DIM, SCALE) - 5 * mean * 0.25, rtol=1e-5
+    )
     end_job(roles, client)

@@ -1,4 +1,5 @@
 """Dense gradients across real worker ranks: mean over ranks, float32 and float64, in place."""
+
 import numpy as np
 import pytest
 import torch

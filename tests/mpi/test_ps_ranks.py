@@ -3,14 +3,16 @@
 Run: mpirun -np 3 (or 4) python -m pytest --with-mpi --only-mpi tests/mpi
 The last rank is a PS shard with 3 ranks, the last two with 4; the rest are workers.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cluster import end_job, start_job
 from cpu_dist.common.mpi_context import wait_all
 from cpu_dist.sparse import Client, row_init
+
+from .cluster import end_job, start_job
 
 pytestmark = [pytest.mark.mpi(min_size=3), pytest.mark.timeout(120)]
 DIM, SEED, SCALE, LR = 16, 7, 0.1, 0.05
@@ -43,13 +45,15 @@ def test_concurrent_push_pull_matches_numpy():
     # shared[:3] get each push twice; each worker w pushes value (w+1+r) in round r.
     total = sum((ww + 1 + r) for ww in range(W) for r in range(rounds))
     expect = row_init(SEED, shared, DIM, SCALE).astype(np.float64)
-    mult = np.ones(len(shared)); mult[:3] = 2
+    mult = np.ones(len(shared))
+    mult[:3] = 2
     expect = expect - LR * total * mult[:, None]
     np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
     mine = client.pull(own)
     own_total = sum(w + 1 + r for r in range(rounds))
-    np.testing.assert_allclose(mine, row_init(SEED, own, DIM, SCALE) - LR * own_total,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        mine, row_init(SEED, own, DIM, SCALE) - LR * own_total, rtol=1e-5, atol=1e-5
+    )
     # Rows every worker never pushed stay at their init and are not created by pulls.
     untouched = np.array([999_999_999], dtype=np.int64)
     np.testing.assert_array_equal(client.pull(untouched), row_init(SEED, untouched, DIM, SCALE))

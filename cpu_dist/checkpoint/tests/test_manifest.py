@@ -1,5 +1,6 @@
 """The Python side of checkpoints: manifest, choice of the newest complete checkpoint, file
 checks, pruning, and worker 0's dense state (parameters, AdamW state, RNG) bit for bit."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,17 @@ import pytest
 import torch
 
 from cpu_dist.checkpoint.dense_state import load_dense, save_dense
-from cpu_dist.checkpoint.manifest import (CheckpointError, FileEntry, Manifest, check_files,
-                                          check_matches, find_latest, prune, read_manifest,
-                                          step_dir_name)
+from cpu_dist.checkpoint.manifest import (
+    CheckpointError,
+    FileEntry,
+    Manifest,
+    check_files,
+    check_matches,
+    find_latest,
+    prune,
+    read_manifest,
+    step_dir_name,
+)
 
 
 def make(root, step: int, write_manifest: bool = True) -> Manifest:
@@ -22,9 +31,15 @@ def make(root, step: int, write_manifest: bool = True) -> Manifest:
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     dense = save_dense(d / "dense.pt", model, opt, step)
-    m = Manifest(step=step, table="embedding", dim=8, num_shards=1,
-                 shards=[FileEntry("shard-00000-of-00001.bin", 10, 123, 1)], dense=dense,
-                 config={"embedding_dim": 8, "dense_optimizer": "adamw"})
+    m = Manifest(
+        step=step,
+        table="embedding",
+        dim=8,
+        num_shards=1,
+        shards=[FileEntry("shard-00000-of-00001.bin", 10, 123, 1)],
+        dense=dense,
+        config={"embedding_dim": 8, "dense_optimizer": "adamw"},
+    )
     if write_manifest:
         m.write(d)
     m.path = d
@@ -39,9 +54,13 @@ def test_newest_complete_checkpoint_is_chosen(tmp_path):
     m = find_latest(tmp_path)
     assert m.step == 9 and m.path.name == "step-00000009"
     check_files(m)
-    check_matches(m, dim=8, table="embedding", config={"embedding_dim": 8,
-                                                        "dense_optimizer": "adamw"},
-                  must_match=("embedding_dim", "dense_optimizer"))
+    check_matches(
+        m,
+        dim=8,
+        table="embedding",
+        config={"embedding_dim": 8, "dense_optimizer": "adamw"},
+        must_match=("embedding_dim", "dense_optimizer"),
+    )
     assert prune(tmp_path, 1) == [tmp_path / "step-00000004"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000009", "step-00000014"]
     make(tmp_path, 19)
@@ -52,18 +71,25 @@ def test_newest_complete_checkpoint_is_chosen(tmp_path):
 def test_every_problem_names_the_file(tmp_path):
     m = make(tmp_path, 3)
     mf = m.path / "manifest.json"
-    with pytest.raises(CheckpointError, match="--dense-optimizer 'adamw' in the checkpoint, "
-                                              "'sgd' in this job"):
-        check_matches(m, dim=8, table="embedding", config={"dense_optimizer": "sgd"},
-                      must_match=("dense_optimizer",))
+    with pytest.raises(
+        CheckpointError, match="--dense-optimizer 'adamw' in the checkpoint, 'sgd' in this job"
+    ):
+        check_matches(
+            m,
+            dim=8,
+            table="embedding",
+            config={"dense_optimizer": "sgd"},
+            must_match=("dense_optimizer",),
+        )
     with pytest.raises(CheckpointError, match=f"{mf}: embedding dim 8, this job has dim 4"):
         check_matches(m, dim=4, table="embedding", config={}, must_match=())
     with pytest.raises(CheckpointError, match=f"{mf}: table 'embedding', this job trains 't'"):
         check_matches(m, dim=8, table="t", config={}, must_match=())
     shard = m.path / "shard-00000-of-00001.bin"
     shard.write_bytes(b"x" * 9)
-    with pytest.raises(CheckpointError, match=f"{shard}: truncated \\(9 bytes, the manifest "
-                                              "says 10\\)"):
+    with pytest.raises(
+        CheckpointError, match=f"{shard}: truncated \\(9 bytes, the manifest says 10\\)"
+    ):
         check_files(m)
     shard.unlink()
     with pytest.raises(CheckpointError, match=f"{shard}: missing"):
@@ -76,13 +102,15 @@ def test_every_problem_names_the_file(tmp_path):
     with pytest.raises(CheckpointError, match=f"{dense}: corrupt \\(crc32"):
         check_files(m)
     good = mf.read_text()
-    for text, msg in [("{oops", "corrupt manifest"),
-                      (good.replace('"format_version": 1', '"format_version": 2'),
-                       "format version 2, this build reads version 1"),
-                      (json.dumps({**json.loads(good), "num_shards": 2}), "1 shard files for "
-                                                                          "num_shards 2"),
-                      (good.replace("shard-00000-of-00001.bin", "../../etc/passwd"),
-                       "file name")]:
+    for text, msg in [
+        ("{oops", "corrupt manifest"),
+        (
+            good.replace('"format_version": 1', '"format_version": 2'),
+            "format version 2, this build reads version 1",
+        ),
+        (json.dumps({**json.loads(good), "num_shards": 2}), "1 shard files for num_shards 2"),
+        (good.replace("shard-00000-of-00001.bin", "../../etc/passwd"), "file name"),
+    ]:
         mf.write_text(text)
         with pytest.raises(CheckpointError, match=msg) as ei:
             read_manifest(m.path)
@@ -110,6 +138,7 @@ def test_dense_state_round_trip_is_bit_exact(tmp_path):
         m(x).pow(2).mean().backward()
         o.step()
         return [p.detach().clone() for p in m.parameters()]
+
     want = step_all(model, opt)
 
     torch.manual_seed(99)

@@ -1,6 +1,7 @@
 """Shard checkpoint files through the PS service (Save/Load RPCs) on real in-process shards:
 round trip, re-partitioning into other shard counts, and every kind of bad file refused with
 a message that names it, the table untouched."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,13 +15,24 @@ TOKEN, DIM, SEED = "ckpt-token", 8, 5
 
 class Shards:
     def __init__(self, n: int, root, dim: int = DIM, table: str = "embedding"):
-        self.servers = [Server(dim, TOKEN, init_scale=0.1, seed=SEED, shard_index=i,
-                               num_shards=n, table=table, checkpoint_dir=str(root))
-                        for i in range(n)]
+        self.servers = [
+            Server(
+                dim,
+                TOKEN,
+                init_scale=0.1,
+                seed=SEED,
+                shard_index=i,
+                num_shards=n,
+                table=table,
+                checkpoint_dir=str(root),
+            )
+            for i in range(n)
+        ]
         for s in self.servers:
             s.start()
-        self.client = Client([s.address for s in self.servers], TOKEN, dim, table=table,
-                             timeout_s=30.0)
+        self.client = Client(
+            [s.address for s in self.servers], TOKEN, dim, table=table, timeout_s=30.0
+        )
 
     def stop(self):
         for s in self.servers:
@@ -35,6 +47,7 @@ def shards(tmp_path):
         s = Shards(n, tmp_path, **kw)
         made.append(s)
         return s
+
     yield make
     for s in made:
         s.stop()
@@ -42,11 +55,10 @@ def shards(tmp_path):
 
 def train_some(client: Client, rounds: int = 3, n: int = 3000) -> None:
     rng = np.random.default_rng(0)
-    for r in range(rounds):
-        keys = rng.integers(-10**12, 10**12, n).astype(np.int64)
+    for _ in range(rounds):
+        keys = rng.integers(-(10**12), 10**12, n).astype(np.int64)
         keys[: n // 3] = np.arange(n // 3)  # some keys again and again
-        client.push(keys, rng.standard_normal((n, DIM)).astype(np.float32), 0.1,
-                    "rowwise_adagrad")
+        client.push(keys, rng.standard_normal((n, DIM)).astype(np.float32), 0.1, "rowwise_adagrad")
 
 
 def dump(client: Client):
@@ -138,10 +150,11 @@ def test_bad_files_are_refused_and_named(shards, tmp_path):
     # another format version (header checksum fixed up, so only the version is wrong)
     import struct
     import zlib
+
     bad = bytearray(good)
     bad[8:12] = struct.pack("<I", 2)
     hlen = 48 + len("embedding") + 4096 * 12
-    bad[hlen:hlen + 4] = struct.pack("<I", zlib.crc32(bytes(bad[:hlen])))
+    bad[hlen : hlen + 4] = struct.pack("<I", zlib.crc32(bytes(bad[:hlen])))
     f0.write_bytes(bytes(bad))
     refused(b.client, paths, [], [], "format version 2, this build reads version 1", before)
     # the other file of another checkpoint, same size
@@ -196,16 +209,30 @@ def test_standalone_server_saves_and_loads_on_request(tmp_path):
     """python -m cpu_dist.sparse.server --checkpoint-dir: the Save/Load RPCs for tools."""
     import subprocess
     import sys
+
     token = tmp_path / "token"
     token.write_text(TOKEN)
     procs = []
     try:
         addrs = []
         for _ in range(2):
-            p = subprocess.Popen([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0",
-                                  "--dim", str(DIM), "--token-file", str(token),
-                                  "--checkpoint-dir", str(tmp_path / "ck")],
-                                 stdout=subprocess.PIPE, text=True)
+            p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cpu_dist.sparse.server",
+                    "--port",
+                    "0",
+                    "--dim",
+                    str(DIM),
+                    "--token-file",
+                    str(token),
+                    "--checkpoint-dir",
+                    str(tmp_path / "ck"),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             procs.append(p)
             addrs.append(p.stdout.readline().split()[-1])
         a, b = (Client([x], TOKEN, DIM, timeout_s=30.0) for x in addrs)

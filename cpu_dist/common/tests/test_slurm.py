@@ -4,6 +4,7 @@ The variable sets below were read from tasks of a real Slurm 22.05 step (``--mpi
 ``--mpi=none``), an sbatch batch step and an OpenMPI 4.1 mpirun; the integration test
 tests/integration/test_slurm.py runs the same checks under a real srun.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,34 +13,59 @@ from cpu_dist.common.slurm import check_launch_environment, check_world_size
 
 # A task of `srun --mpi=pmix -n 3` (the variables that matter here).
 SRUN_PMIX = {
-    "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "3",
-    "SLURM_STEP_NUM_TASKS": "3", "SLURM_MPI_TYPE": "pmix", "PMIX_RANK": "1",
-    "PMIX_NAMESPACE": "slurm.pmix.7.0", "PMIX_SERVER_URI2": "pmix-server.1;tcp4://127.0.0.1:1",
+    "SLURM_JOB_ID": "7",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_NTASKS": "3",
+    "SLURM_STEP_NUM_TASKS": "3",
+    "SLURM_MPI_TYPE": "pmix",
+    "PMIX_RANK": "1",
+    "PMIX_NAMESPACE": "slurm.pmix.7.0",
+    "PMIX_SERVER_URI2": "pmix-server.1;tcp4://127.0.0.1:1",
 }
 # A task of `srun --mpi=none -n 3`: the same step, no PMI/PMIx details at all.
 SRUN_NONE = {
-    "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1", "SLURM_PROCID": "2", "SLURM_NTASKS": "3",
+    "SLURM_JOB_ID": "7",
+    "SLURM_STEP_ID": "1",
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "3",
     "SLURM_STEP_NUM_TASKS": "3",
 }
 # The batch script of `sbatch -n 3`: no step id (its own step is the batch step).
 BATCH = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "3"}
 # A rank of `mpirun -np 2` run from that batch script: inherits the batch variables.
-MPIRUN_IN_BATCH = {**BATCH, "OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "0",
-                   "PMIX_NAMESPACE": "1972502529", "OMPI_MCA_orte_hnp_uri": "1.0;tcp://x:1"}
+MPIRUN_IN_BATCH = {
+    **BATCH,
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "PMIX_RANK": "0",
+    "PMIX_NAMESPACE": "1972502529",
+    "OMPI_MCA_orte_hnp_uri": "1.0;tcp://x:1",
+}
 # A rank of `srun -n 1 mpirun -np 3`: inherits a step of one task.
-MPIRUN_IN_STEP = {**SRUN_NONE, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1",
-                  "OMPI_COMM_WORLD_SIZE": "3", "PMIX_RANK": "0", "PMIX_NAMESPACE": "1972502529",
-                  "OMPI_MCA_orte_hnp_uri": "1.0;tcp://x:1"}
+MPIRUN_IN_STEP = {
+    **SRUN_NONE,
+    "SLURM_NTASKS": "1",
+    "SLURM_STEP_NUM_TASKS": "1",
+    "OMPI_COMM_WORLD_SIZE": "3",
+    "PMIX_RANK": "0",
+    "PMIX_NAMESPACE": "1972502529",
+    "OMPI_MCA_orte_hnp_uri": "1.0;tcp://x:1",
+}
 
 
-@pytest.mark.parametrize("env,world", [
-    ({}, 1), ({}, 4),                  # no Slurm at all
-    (SRUN_PMIX, 3),                    # a correct srun launch
-    (BATCH, 1), (BATCH, 3),            # python run directly in the batch script
-    (MPIRUN_IN_BATCH, 2),              # mpirun -np 2 inside an allocation of 3 tasks
-    (MPIRUN_IN_STEP, 3),               # mpirun inside a one-task srun step
-    ({**SRUN_NONE, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1"}, 1),  # srun -n 1
-])
+@pytest.mark.parametrize(
+    "env,world",
+    [
+        ({}, 1),
+        ({}, 4),  # no Slurm at all
+        (SRUN_PMIX, 3),  # a correct srun launch
+        (BATCH, 1),
+        (BATCH, 3),  # python run directly in the batch script
+        (MPIRUN_IN_BATCH, 2),  # mpirun -np 2 inside an allocation of 3 tasks
+        (MPIRUN_IN_STEP, 3),  # mpirun inside a one-task srun step
+        ({**SRUN_NONE, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1"}, 1),  # srun -n 1
+    ],
+)
 def test_consistent_launches_pass(env, world):
     check_launch_environment(env)
     check_world_size(world, env)
@@ -80,8 +106,17 @@ def test_falls_back_to_slurm_ntasks():
 def test_reads_os_environ_by_default(monkeypatch):
     for name, value in SRUN_NONE.items():
         monkeypatch.setenv(name, value)
-    for name in ("PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI2", "PMI_FD", "PMI_RANK",
-                 "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri", "PRTE_LAUNCHED"):
+    for name in (
+        "PMIX_RANK",
+        "PMIX_NAMESPACE",
+        "PMIX_SERVER_URI2",
+        "PMI_FD",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_MCA_orte_hnp_uri",
+        "PRTE_LAUNCHED",
+    ):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(RuntimeError):
         check_launch_environment()

@@ -1,4 +1,5 @@
 """Single-rank checks of the bucket mechanics; tests/mpi covers several ranks."""
+
 import pytest
 import torch
 from mpi4py import MPI
@@ -15,7 +16,8 @@ def test_grads_accumulate_in_bucket_views():
     assert len(buckets.buckets) > 1  # small buckets: the parameters were split across several
     x = torch.randn(5, 4)
     expected = torch.func.grad(lambda ps: torch.func.functional_call(model, ps, (x,)).sum())(
-        dict(model.named_parameters()))
+        dict(model.named_parameters())
+    )
     buckets.zero()
     model(x).sum().backward()
     for name, p in model.named_parameters():

@@ -1,7 +1,7 @@
 """Fixtures for the parameter-server tests: real in-process servers, and raw grpcio stubs
 (generated from proto/ps.proto at test time) to send requests our client refuses to build."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
@@ -15,13 +15,24 @@ TOKEN = "test-token"
 class Cluster:
     """num_shards in-process servers plus helpers to make clients for them."""
 
-    def __init__(self, num_shards: int, dim: int, init_scale: float = 0.1, seed: int = 7,
-                 **server_kw):
+    def __init__(
+        self, num_shards: int, dim: int, init_scale: float = 0.1, seed: int = 7, **server_kw
+    ):
         self.dim = dim
         self.seed = seed
         self.init_scale = init_scale
-        self.servers = [Server(dim, TOKEN, init_scale=init_scale, seed=seed, shard_index=i,
-                               num_shards=num_shards, **server_kw) for i in range(num_shards)]
+        self.servers = [
+            Server(
+                dim,
+                TOKEN,
+                init_scale=init_scale,
+                seed=seed,
+                shard_index=i,
+                num_shards=num_shards,
+                **server_kw,
+            )
+            for i in range(num_shards)
+        ]
         for s in self.servers:
             s.start()
         self.addresses = [s.address for s in self.servers]

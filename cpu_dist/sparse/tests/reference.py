@@ -1,5 +1,6 @@
 """A numpy model of the shard's arithmetic (optimizer.h and the commit aggregation), written
 independently of the C++ so that the tests compare two implementations bit for bit."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """The ordered commit protocol: a step applies only when every rank delivered, retries are
 idempotent, conflicts and out-of-order steps are refused, and the bits do not depend on
 arrival order or chunking."""
+
 import threading
 
 import grpc
@@ -68,13 +69,15 @@ def test_pending_retry_identical_ok_conflicting_aborted(cluster_factory):
     keys, grads = np.arange(4, dtype=np.int64), np.ones((4, DIM), np.float32)
     cl.commit(2, 0, 0, 2, keys, grads, 0.5)
     cl.commit(2, 0, 0, 2, keys, grads, 0.5)  # identical retry while pending: fine
-    with pytest.raises(PSError, match="ABORTED: conflicting retry of session 2 step 0 rank 0 chunk 0"):
+    with pytest.raises(
+        PSError, match="ABORTED: conflicting retry of session 2 step 0 rank 0 chunk 0"
+    ):
         cl.commit(2, 0, 0, 2, keys, grads * 2, 0.5)
     with pytest.raises(PSError, match="FAILED_PRECONDITION: out-of-order step 1"):
         cl.commit(2, 1, 1, 2, keys, grads, 0.5)
     with pytest.raises(PSError, match="INVALID_ARGUMENT: world_size 3 does not match"):
         cl.commit(2, 0, 1, 3, keys, grads, 0.5)
-    with pytest.raises(PSError, match="INVALID_ARGUMENT: lr 0.25 / optimizer sgd differ"):
+    with pytest.raises(PSError, match=r"INVALID_ARGUMENT: lr 0\.25 / optimizer sgd differ"):
         cl.commit(2, 0, 1, 2, keys, grads, 0.25)
     assert c.rows() == 0 and cl.committed_step(2) == -1
     cl.commit(2, 0, 1, 2, keys, grads, 0.5)
@@ -84,12 +87,12 @@ def test_pending_retry_identical_ok_conflicting_aborted(cluster_factory):
     assert np.array_equal(bits(cl.dump()[1]), bits(ref.dump()[1]))
 
 
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_arrival_order_and_chunking_do_not_change_bits(cluster_factory, pb, seed):
     rng = np.random.default_rng(seed)
-    per_rank = [(rng.integers(0, 25, 20).astype(np.int64), rng_grads(rng, 20, DIM))
-                for _ in range(3)]
+    per_rank = [
+        (rng.integers(0, 25, 20).astype(np.int64), rng_grads(rng, 20, DIM)) for _ in range(3)
+    ]
     dumps = []
     for chunking in [1, 3, 7]:
         c = cluster_factory(num_shards=1, dim=DIM)
@@ -99,10 +102,23 @@ def test_arrival_order_and_chunking_do_not_change_bits(cluster_factory, pb, seed
         for r, (k, g) in enumerate(per_rank):
             parts = np.array_split(np.arange(20), chunking)
             for i, p in enumerate(parts):
-                chunks.append(pb[0].CommitRequest(
-                    token=TOKEN, table="embedding", session=9, step=0, rank=r, world_size=3,
-                    chunk_index=i, chunk_count=chunking, dim=DIM, lr=0.3,
-                    optimizer=pb[0].ROWWISE_ADAGRAD, keys=k[p].tobytes(), grads=g[p].tobytes()))
+                chunks.append(
+                    pb[0].CommitRequest(
+                        token=TOKEN,
+                        table="embedding",
+                        session=9,
+                        step=0,
+                        rank=r,
+                        world_size=3,
+                        chunk_index=i,
+                        chunk_count=chunking,
+                        dim=DIM,
+                        lr=0.3,
+                        optimizer=pb[0].ROWWISE_ADAGRAD,
+                        keys=k[p].tobytes(),
+                        grads=g[p].tobytes(),
+                    )
+                )
         for j in rng.permutation(len(chunks)):
             stub.Commit(chunks[j], timeout=10)
         cl = c.client()
@@ -125,8 +141,10 @@ def test_several_shards_small_chunks_concurrent_ranks(cluster_factory):
     rng = np.random.default_rng(5)
     errors = []
     for step in range(4):
-        data = [(rng.integers(0, 50, int(rng.integers(0, 15))).astype(np.int64), None)
-                for _ in range(world)]
+        data = [
+            (rng.integers(0, 50, int(rng.integers(0, 15))).astype(np.int64), None)
+            for _ in range(world)
+        ]
         data = [(k, rng_grads(rng, k.size, DIM)) for k, _ in data]
 
         def rank_main(r):

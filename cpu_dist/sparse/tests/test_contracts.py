@@ -1,4 +1,5 @@
 """The native hash contracts equal their numpy twins bit for bit."""
+
 import numpy as np
 import pytest
 

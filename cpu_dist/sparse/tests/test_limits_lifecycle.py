@@ -1,5 +1,6 @@
 """Limits on what the wire may make a shard allocate, sessions that end (closed, failed),
 all-or-nothing application, and the Python layer's timeouts and blocking teardown."""
+
 import math
 import socket
 import threading
@@ -18,8 +19,18 @@ DIM = 4
 
 
 def commit_req(pb, **kw):
-    base = dict(token=TOKEN, table="embedding", session=1, step=0, rank=0, world_size=1,
-                chunk_index=0, chunk_count=1, dim=DIM, lr=0.1)
+    base = dict(
+        token=TOKEN,
+        table="embedding",
+        session=1,
+        step=0,
+        rank=0,
+        world_size=1,
+        chunk_index=0,
+        chunk_count=1,
+        dim=DIM,
+        lr=0.1,
+    )
     base.update(kw)
     return pb.CommitRequest(**base)
 
@@ -35,20 +46,32 @@ def raw(cluster_factory, pb):
 
 # ---- D1: world_size / chunk_count / live sessions ------------------------------------------
 
+
 def test_big_world_size_costs_no_memory_up_front(raw):
-    c, cl, stub, pb = raw
+    _c, cl, stub, pb = raw
     rss = cl.stats()[0]["resident_bytes"]
     for session in range(3):  # the reviewer's 20M x 3 grew RSS by 1.8 GB; the cap is 2^16
-        stub.Commit(commit_req(pb, session=100 + session, world_size=1 << 16, rank=5,
-                               chunk_count=1 << 20, chunk_index=(1 << 20) - 1), timeout=10)
+        stub.Commit(
+            commit_req(
+                pb,
+                session=100 + session,
+                world_size=1 << 16,
+                rank=5,
+                chunk_count=1 << 20,
+                chunk_index=(1 << 20) - 1,
+            ),
+            timeout=10,
+        )
     assert cl.stats()[0]["resident_bytes"] - rss < 32 << 20
     assert cl.committed_step(100) == -1
 
 
 def test_live_sessions_are_capped(raw):
-    c, cl, stub, pb = raw
-    futures = [stub.Commit.future(commit_req(pb, session=s, world_size=2), timeout=30)
-               for s in range(1, 1025)]
+    _c, cl, stub, pb = raw
+    futures = [
+        stub.Commit.future(commit_req(pb, session=s, world_size=2), timeout=30)
+        for s in range(1, 1025)
+    ]
     for f in futures:
         f.result()
     with pytest.raises(grpc.RpcError) as ei:
@@ -63,19 +86,22 @@ def test_live_sessions_are_capped(raw):
 
 # ---- D2: oversized pull replies --------------------------------------------------------------
 
+
 def test_pull_reply_over_the_limit_is_refused_before_it_is_built(cluster_factory, pb):
     c = cluster_factory(num_shards=1, dim=64, max_message_bytes=1 << 20)
     stub = pb[1].ParameterServerStub(grpc.insecure_channel(c.addresses[0]))
     cl = c.client(max_keys_per_rpc=1024)
     errors = cl.stats()[0]["errors"]
     n = 5000  # request 40 KB, reply 1.28 MB > 1 MiB
-    req = pb[0].PullRequest(token=TOKEN, table="embedding", dim=64,
-                            keys=np.arange(n, dtype=np.int64).tobytes())
+    req = pb[0].PullRequest(
+        token=TOKEN, table="embedding", dim=64, keys=np.arange(n, dtype=np.int64).tobytes()
+    )
     with pytest.raises(grpc.RpcError) as ei:
         stub.Pull(req, timeout=10)
     assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert ("Pull reply of 1280004 bytes (5000 keys x dim 64 x 4) exceeds max_message_bytes "
-            "1048576") in ei.value.details()
+    assert (
+        "Pull reply of 1280004 bytes (5000 keys x dim 64 x 4) exceeds max_message_bytes 1048576"
+    ) in ei.value.details()
     assert cl.stats()[0]["errors"] == errors + 1
     assert cl.pull(np.arange(n, dtype=np.int64)).shape == (n, 64)  # our client splits it
 
@@ -89,19 +115,20 @@ def test_client_refuses_rpcs_that_cannot_fit(cluster_factory):
 
 # ---- D3 / D5 / D6: closed sessions --------------------------------------------------------
 
+
 def test_chunk_after_all_ranks_closed_is_refused(raw):
-    c, cl, stub, pb = raw
+    c, cl, _stub, _pb = raw
     k, g = np.arange(3, dtype=np.int64), np.ones((3, DIM), np.float32)
     cl.commit(7, 0, 0, 2, k, g, 0.1)  # pending: rank 1 missing
     cl.close_session(7, 0)
-    cl.close_session(7, 1)            # all closed: dropped with its pending step
+    cl.close_session(7, 1)  # all closed: dropped with its pending step
     with pytest.raises(PSError, match="FAILED_PRECONDITION: session 7 is closed"):
         cl.commit(7, 0, 1, 2, k, g, 0.1)
     assert c.rows() == 0 and cl.committed_step(7) == -1
 
 
 def test_close_wakes_long_polls(raw):
-    c, cl, stub, pb = raw
+    c, cl, _stub, _pb = raw
     k, g = np.arange(3, dtype=np.int64), np.ones((3, DIM), np.float32)
     cl.commit(9, 0, 0, 2, k, g, 0.1)
     waiter = c.client()
@@ -120,7 +147,7 @@ def test_close_wakes_long_polls(raw):
     cl.close_session(9, 1)
     t.join(20)
     assert not t.is_alive()
-    (err, took), = out
+    ((err, took),) = out
     assert isinstance(err, PSError) and "FAILED_PRECONDITION: session 9 is closed" in str(err)
     assert took < 10.0  # not the 30 s deadline
     with pytest.raises(PSError, match="session 9 is closed"):  # and a late waiter at once
@@ -128,13 +155,14 @@ def test_close_wakes_long_polls(raw):
 
 
 def test_closing_a_session_that_never_committed_is_fine(raw):
-    c, cl, stub, pb = raw
+    _c, cl, _stub, _pb = raw
     cl.close_session(424242, 0)  # SparseUpdater.finish(-1): a job with zero steps
     cl.close_session(424242, 3)
     assert cl.committed_step(424242) == -1
 
 
 # ---- D4 / D7: a full stripe; all-or-nothing application ------------------------------------
+
 
 @pytest.fixture
 def small(cluster_factory):
@@ -164,7 +192,7 @@ def test_full_stripe_refuses_push_and_changes_no_value(small):
 
 
 def test_step_that_cannot_apply_fails_the_session_whole(small):
-    c, cl = small
+    _c, cl = small
     old, before = _ten_rows(cl)
     keys = np.arange(5000, dtype=np.int64)
     g = np.ones((5000, DIM), np.float32)
@@ -184,12 +212,16 @@ def test_step_that_cannot_apply_fails_the_session_whole(small):
 
 # ---- H1 / H2: timeouts from Python ---------------------------------------------------------
 
+
 def test_timeouts_nan_refused_inf_waits(raw):
-    c, cl, stub, pb = raw
+    c, cl, _stub, _pb = raw
     k, g = np.arange(3, dtype=np.int64), np.ones((3, DIM), np.float32)
     h = cl.commit_async(11, 0, 0, 1, k, g, 0.1)
-    for call in (lambda: cl.wait_committed(11, 0, math.nan), lambda: h.wait(math.nan),
-                 lambda: c.servers[0].wait(math.nan)):
+    for call in (
+        lambda: cl.wait_committed(11, 0, math.nan),
+        lambda: h.wait(math.nan),
+        lambda: c.servers[0].wait(math.nan),
+    ):
         with pytest.raises(ValueError, match="NaN"):
             call()
     h.wait(math.inf)
@@ -218,6 +250,7 @@ def test_wait_before_start_raises():
 
 
 # ---- G1: blocking teardown releases the GIL ------------------------------------------------
+
 
 class Ticker:
     """Records the longest gap between ticks of a Python thread (it needs the GIL)."""

@@ -1,4 +1,5 @@
 """`python -m cpu_dist.sparse.server` as a real process: starts, serves, stops cleanly."""
+
 import contextlib
 import subprocess
 import sys
@@ -12,9 +13,27 @@ from cpu_dist.sparse import Client, contracts
 def start(tmp_path, token="proc-token", extra=()):
     tf = tmp_path / "token"
     tf.write_text(token + "\n")
-    p = subprocess.Popen([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0", "--dim",
-                          "8", "--token-file", str(tf), "--seed", "3", "--init-scale", "0.2",
-                          *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cpu_dist.sparse.server",
+            "--port",
+            "0",
+            "--dim",
+            "8",
+            "--token-file",
+            str(tf),
+            "--seed",
+            "3",
+            "--init-scale",
+            "0.2",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = p.stdout.readline().strip()
     assert line.startswith("listening on 127.0.0.1:"), (line, p.stderr.read() if p.poll() else "")
     return p, line.split()[-1]
@@ -54,7 +73,21 @@ def test_missing_or_empty_token_file(tmp_path, content):
     tf = tmp_path / "token"
     if content is not None:
         tf.write_text(content)
-    r = subprocess.run([sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0", "--dim",
-                        "8", "--token-file", str(tf)], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cpu_dist.sparse.server",
+            "--port",
+            "0",
+            "--dim",
+            "8",
+            "--token-file",
+            str(tf),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode != 0
     assert "--token-file" in r.stderr and ("empty" in r.stderr or "cannot read" in r.stderr)

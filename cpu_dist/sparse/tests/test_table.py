@@ -1,5 +1,6 @@
 """Pull/push semantics against the numpy reference: first-touch rows, optimizers,
 duplicates, client-side splitting, dump."""
+
 import numpy as np
 import pytest
 
@@ -12,8 +13,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def bits_equal(a, b):
-    return a.shape == b.shape and np.array_equal(np.asarray(a, np.float32).view(np.uint32),
-                                                 np.asarray(b, np.float32).view(np.uint32))
+    return a.shape == b.shape and np.array_equal(
+        np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32)
+    )
 
 
 def test_pull_absent_rows_is_row_init_and_does_not_grow(cluster_factory):

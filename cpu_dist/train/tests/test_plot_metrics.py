@@ -1,4 +1,5 @@
 """scripts/plot_metrics.py: a PNG from a run's JSON lines, clear errors otherwise."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -21,8 +22,16 @@ def plot_metrics():
 def _run_file(tmp_path: Path) -> Path:
     recs = []
     for step in (10, 20, 30):
-        recs.append({"step": step, "loss": 0.7 - step / 100, "samples_per_s": 1000.0 + step,
-                     "t_pull": 0.1 * step, "t_forward": 0.2 * step, "bytes_pulled": 10 * step})
+        recs.append(
+            {
+                "step": step,
+                "loss": 0.7 - step / 100,
+                "samples_per_s": 1000.0 + step,
+                "t_pull": 0.1 * step,
+                "t_forward": 0.2 * step,
+                "bytes_pulled": 10 * step,
+            }
+        )
         if step % 20 == 0:
             recs.append({"step": step, "eval_auc": 0.6, "eval_logloss": 0.5})
     recs.append({"summary": {"steps": 30}})
@@ -46,8 +55,12 @@ def test_phase_rates_are_per_step_differences(tmp_path, plot_metrics):
     assert rates["forward"] == pytest.approx([0.2, 0.2, 0.2])
 
 
-@pytest.mark.parametrize("content,needle", [(None, "no such file"), ("", "empty"), ("{oops\n", "not JSON")])
-def test_missing_empty_or_broken_file_is_a_clear_error(tmp_path, plot_metrics, capsys, content, needle):
+@pytest.mark.parametrize(
+    "content,needle", [(None, "no such file"), ("", "empty"), ("{oops\n", "not JSON")]
+)
+def test_missing_empty_or_broken_file_is_a_clear_error(
+    tmp_path, plot_metrics, capsys, content, needle
+):
     p = tmp_path / "m.jsonl"
     if content is not None:
         p.write_text(content)

@@ -1,5 +1,6 @@
 """SplitPull against a real in-process shard: the early part never includes a written row,
 and the assembled rows equal one plain pull after the commit."""
+
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np

@@ -1,4 +1,5 @@
 """The synthetic Criteo-like stream: determinism, shapes, key ranges, Zipf law, speed."""
+
 import math
 import time
 
@@ -34,7 +35,9 @@ def test_shapes_dtypes_and_value_ranges():
     assert set(np.unique(b.labels)) <= {0.0, 1.0}
     lo = d.offsets
     hi = d.offsets + np.array(d.cardinalities)
-    assert np.all((b.keys >= lo) & (b.keys < hi)), "each column stays inside its feature's key range"
+    assert np.all((b.keys >= lo) & (b.keys < hi)), (
+        "each column stays inside its feature's key range"
+    )
     assert d.cardinalities == list(DEFAULT_CARDINALITIES)
     assert 0.1 < d.global_batch(1, 4096).labels.mean() < 0.5
 

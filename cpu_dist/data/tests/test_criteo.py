@@ -1,4 +1,5 @@
 """The Criteo TSV reader on 200 real rows and on malformed files."""
+
 import gzip
 import math
 from pathlib import Path
@@ -21,7 +22,11 @@ def _fields(i: int) -> list[str]:
 
 def _all(reader: CriteoTSV, split: str, batch_size: int):
     batches = list(reader.iter_batches(batch_size, split))
-    return batches, np.concatenate([b.labels for b in batches]), np.concatenate([b.keys for b in batches])
+    return (
+        batches,
+        np.concatenate([b.labels for b in batches]),
+        np.concatenate([b.keys for b in batches]),
+    )
 
 
 def test_sample_counts_and_labels():

@@ -1,4 +1,5 @@
 """Phase timer, JSON-lines log, evaluation metrics and the summary table."""
+
 import json
 import math
 import time
@@ -8,7 +9,14 @@ import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
 from cpu_dist.train import metrics
-from cpu_dist.train.metrics import JsonLinesWriter, PhaseTimer, RunLog, evaluate, format_table, summary_table
+from cpu_dist.train.metrics import (
+    JsonLinesWriter,
+    PhaseTimer,
+    RunLog,
+    evaluate,
+    format_table,
+    summary_table,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,10 +56,23 @@ def test_phase_timer_counts_time_when_the_body_raises():
 def test_jsonl_is_flushed_per_line_and_plain_json(tmp_path):
     path = tmp_path / "sub" / "run.jsonl"
     w = JsonLinesWriter(path)
-    w.write({"step": np.int64(10), "loss": np.float32(0.5), "t_pull": 0.25, "bad": float("nan"),
-             "arr": np.arange(2)})
+    w.write(
+        {
+            "step": np.int64(10),
+            "loss": np.float32(0.5),
+            "t_pull": 0.25,
+            "bad": float("nan"),
+            "arr": np.arange(2),
+        }
+    )
     lines = path.read_text().splitlines()  # readable before close
-    assert json.loads(lines[0]) == {"step": 10, "loss": 0.5, "t_pull": 0.25, "bad": None, "arr": [0, 1]}
+    assert json.loads(lines[0]) == {
+        "step": 10,
+        "loss": 0.5,
+        "t_pull": 0.25,
+        "bad": None,
+        "arr": [0, 1],
+    }
     w.write({"step": 20, "eval_auc": 0.7})
     w.close()
     assert len(path.read_text().splitlines()) == 2
@@ -87,7 +108,9 @@ def test_evaluate_matches_scikit_learn():
 
 
 def test_tables_are_aligned():
-    text = format_table([("loss", 0.123456), ("samples_per_s", 12345.6), ("steps", 200)], ("metric", "value"))
+    text = format_table(
+        [("loss", 0.123456), ("samples_per_s", 12345.6), ("steps", 200)], ("metric", "value")
+    )
     lines = text.splitlines()
     assert lines[0].split() == ["metric", "value"] and set(lines[1].replace(" ", "")) == {"-"}
     assert len({len(x) for x in lines}) == 1, "right-aligned last column: equal widths"

@@ -1,4 +1,5 @@
 """make_dataset and the uniform train/eval iterators over both kinds."""
+
 from pathlib import Path
 
 import numpy as np

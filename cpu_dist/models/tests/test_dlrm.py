@@ -1,4 +1,5 @@
 """DLRM structure, interaction, init determinism and the MLP flag parser."""
+
 import pytest
 import torch
 from torch import nn
@@ -22,8 +23,16 @@ def _inputs(b: int = 6):
 
 
 def _model(seed: int = 0, dtype=torch.float32) -> DLRM:
-    return build_dlrm(ShardedEmbedding(InitStore(), DIM), num_dense=ND, num_sparse=NS, dim=DIM,
-                      bot_mlp=[8, DIM], top_mlp=[6, 1], seed=seed, dtype=dtype)
+    return build_dlrm(
+        ShardedEmbedding(InitStore(), DIM),
+        num_dense=ND,
+        num_sparse=NS,
+        dim=DIM,
+        bot_mlp=[8, DIM],
+        top_mlp=[6, 1],
+        seed=seed,
+        dtype=dtype,
+    )
 
 
 def test_parse_mlp():
@@ -40,8 +49,16 @@ def test_parse_mlp():
 def test_structure_names_and_logit_shape():
     m = _model()
     names = [n for n, _ in m.dense_named_parameters()]
-    assert names == ["bot.0.weight", "bot.0.bias", "bot.2.weight", "bot.2.bias",
-                     "top.0.weight", "top.0.bias", "top.2.weight", "top.2.bias"]
+    assert names == [
+        "bot.0.weight",
+        "bot.0.bias",
+        "bot.2.weight",
+        "bot.2.bias",
+        "top.0.weight",
+        "top.0.bias",
+        "top.2.weight",
+        "top.2.bias",
+    ]
     assert isinstance(m.bot[-1], nn.ReLU) and isinstance(m.top[-1], nn.Linear)
     n = NS + 1
     assert m.top[0].in_features == DIM + n * (n - 1) // 2
@@ -56,7 +73,11 @@ def test_interaction_is_bottom_then_upper_triangle_dots():
     bottom, emb = torch.randn(2, DIM, generator=g), torch.randn(2, NS, DIM, generator=g)
     got = m.interact(bottom, emb)
     vecs = [bottom] + [emb[:, f] for f in range(NS)]
-    want = [bottom] + [(vecs[i] * vecs[j]).sum(1, keepdim=True) for i in range(NS + 1) for j in range(i + 1, NS + 1)]
+    want = [bottom] + [
+        (vecs[i] * vecs[j]).sum(1, keepdim=True)
+        for i in range(NS + 1)
+        for j in range(i + 1, NS + 1)
+    ]
     torch.testing.assert_close(got, torch.cat(want, dim=1))
 
 
@@ -66,13 +87,20 @@ def test_init_depends_only_on_seed_and_leaves_global_rng_alone():
     torch.manual_seed(123)
     a, b, c = _model(seed=5), _model(seed=5), _model(seed=6)
     assert torch.equal(torch.rand(3), before), "build_dlrm must not consume the caller's RNG"
-    for (na, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+    for (na, pa), (_, pb), (_, pc) in zip(
+        a.named_parameters(), b.named_parameters(), c.named_parameters()
+    ):
         assert torch.equal(pa, pb), na
         assert not torch.equal(pa, pc), na
     # Same init whatever the embedding module is.
     bag = nn.EmbeddingBag(50, DIM, mode="sum")
-    d = build_dlrm(bag, num_dense=ND, num_sparse=NS, dim=DIM, bot_mlp=[8, DIM], top_mlp=[6, 1], seed=5)
-    assert torch.equal(dict(d.dense_named_parameters())["top.2.weight"], dict(a.dense_named_parameters())["top.2.weight"])
+    d = build_dlrm(
+        bag, num_dense=ND, num_sparse=NS, dim=DIM, bot_mlp=[8, DIM], top_mlp=[6, 1], seed=5
+    )
+    assert torch.equal(
+        dict(d.dense_named_parameters())["top.2.weight"],
+        dict(a.dense_named_parameters())["top.2.weight"],
+    )
     assert [n for n, _ in d.dense_named_parameters()] == [n for n, _ in a.dense_named_parameters()]
 
 
@@ -115,7 +143,9 @@ class BagByKey(nn.Module):
 
 
 def test_any_embedding_module_works():
-    m = build_dlrm(BagByKey(), num_dense=ND, num_sparse=NS, dim=DIM, bot_mlp=[DIM], top_mlp=[1], seed=0)
+    m = build_dlrm(
+        BagByKey(), num_dense=ND, num_sparse=NS, dim=DIM, bot_mlp=[DIM], top_mlp=[1], seed=0
+    )
     dense, keys = _inputs()
     out = m(dense, keys)
     assert out.shape == (6,)

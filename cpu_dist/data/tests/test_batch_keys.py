@@ -1,4 +1,5 @@
 """Batch slicing and the fused-key layouts."""
+
 import numpy as np
 import pytest
 
@@ -34,7 +35,11 @@ def test_shard_rejects_uneven_or_bad_rank(rank, world):
 
 def test_batch_rejects_mismatched_sizes():
     with pytest.raises(ValueError):
-        Batch(dense=np.zeros((3, 13), np.float32), keys=np.zeros((4, 26), np.int64), labels=np.zeros(3, np.float32))
+        Batch(
+            dense=np.zeros((3, 13), np.float32),
+            keys=np.zeros((4, 26), np.int64),
+            labels=np.zeros(3, np.float32),
+        )
 
 
 def test_synthetic_keys_are_offset_by_cumulative_cardinalities():
@@ -61,8 +66,9 @@ def test_criteo_keys_put_the_feature_in_the_high_bits():
 
 
 def test_find_sorted_positions_and_membership():
-    at, found = find_sorted(np.array([2, 5, 9], dtype=np.int64),
-                            np.array([1, 2, 6, 9, 12], dtype=np.int64))
+    at, found = find_sorted(
+        np.array([2, 5, 9], dtype=np.int64), np.array([1, 2, 6, 9, 12], dtype=np.int64)
+    )
     assert found.tolist() == [False, True, False, True, False]
     assert at[found].tolist() == [0, 2]
     _, none = find_sorted(np.zeros(0, dtype=np.int64), np.array([3], dtype=np.int64))

@@ -1,4 +1,5 @@
 """ShardedEmbedding against nn.EmbeddingBag(mode="sum") holding the same rows."""
+
 import numpy as np
 import pytest
 import torch
@@ -25,7 +26,9 @@ class DictStore:
         self.pulls.append(keys.copy())
         new = [k for k in keys.tolist() if k not in self.rows]
         if new:
-            for k, r in zip(new, row_init(self.seed, np.array(new, np.int64), self.dim, self.scale)):
+            for k, r in zip(
+                new, row_init(self.seed, np.array(new, np.int64), self.dim, self.scale)
+            ):
                 self.rows[k] = r
         return np.stack([self.rows[k] for k in keys.tolist()]).astype(np.float32)
 
@@ -96,10 +99,12 @@ def test_float64_compute_gives_float32_gradients():
     emb = ShardedEmbedding(store, DIM, dtype=torch.float64)
     out = emb(_keys())
     assert out.dtype == torch.float64
-    (out ** 2).sum().backward()
+    (out**2).sum().backward()
     keys, grads = emb.sparse_grads()
     assert grads.dtype == np.float32
-    np.testing.assert_allclose(grads[0], 2 * store.rows[int(keys[0])] * np.sum(_keys().numpy() == keys[0]), rtol=1e-6)
+    np.testing.assert_allclose(
+        grads[0], 2 * store.rows[int(keys[0])] * np.sum(_keys().numpy() == keys[0]), rtol=1e-6
+    )
 
 
 def test_errors_are_clear():
@@ -122,10 +127,10 @@ def test_unique_keys_plan_is_reused_only_for_the_same_unmodified_tensor():
     plain = emb._unique
     emb._unique = lambda k, inv: calls.append(1) or plain(k, inv)
     emb(keys)
-    assert calls == []          # the forward used the plan made by unique_keys()
+    assert calls == []  # the forward used the plan made by unique_keys()
     emb(torch.tensor([[5, 3], [3, 9]]))
-    assert calls == [1]         # another tensor, even with equal values: sorted again
-    keys[0, 0] = 7              # modified in place: the plan no longer applies
+    assert calls == [1]  # another tensor, even with equal values: sorted again
+    keys[0, 0] = 7  # modified in place: the plan no longer applies
     emb(keys)
     assert calls == [1, 1]
     assert emb._keys.tolist() == [3, 7, 9]

@@ -1,4 +1,5 @@
 """The single-process reference against a step computed by hand, and a learning check."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,12 @@ from cpu_dist.data import Batch, SyntheticCriteo
 from cpu_dist.models import build_dlrm
 from cpu_dist.sparse.contracts import row_init
 from cpu_dist.train.metrics import evaluate
-from cpu_dist.train.reference import LocalEmbedding, ReferenceTrainer, sparse_update, train_reference
+from cpu_dist.train.reference import (
+    LocalEmbedding,
+    ReferenceTrainer,
+    sparse_update,
+    train_reference,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,15 +44,27 @@ def _batches() -> list[Batch]:
     g = np.random.default_rng(0)
     out = []
     for keys in ([[10, 1 << 33], [10, 7]], [[7, 7], [11, 1 << 33]], [[10, 12], [11, 7]]):
-        out.append(Batch(dense=g.random((2, ND), dtype=np.float32),
-                         keys=np.array(keys, dtype=np.int64),
-                         labels=np.array([1.0, 0.0], dtype=np.float32)))
+        out.append(
+            Batch(
+                dense=g.random((2, ND), dtype=np.float32),
+                keys=np.array(keys, dtype=np.int64),
+                labels=np.array([1.0, 0.0], dtype=np.float32),
+            )
+        )
     return out
 
 
 def _hand_train(batches, *, lr, sparse_lr, dense_opt, sparse_opt, scale, init_seed, seed):
     """The reference's contract written out directly: explicit DLRM formula, explicit updates."""
-    init = build_dlrm(torch.nn.Identity(), num_dense=ND, num_sparse=NS, dim=DIM, bot_mlp=BOT, top_mlp=TOP, seed=seed)
+    init = build_dlrm(
+        torch.nn.Identity(),
+        num_dense=ND,
+        num_sparse=NS,
+        dim=DIM,
+        bot_mlp=BOT,
+        top_mlp=TOP,
+        seed=seed,
+    )
     p = {n: t.detach().double().numpy().copy() for n, t in init.dense_named_parameters()}
     rows: dict[int, np.ndarray] = {}
     accum: dict[int, np.float32] = {}
@@ -58,7 +76,9 @@ def _hand_train(batches, *, lr, sparse_lr, dense_opt, sparse_opt, scale, init_se
                 rows[k] = row_init(init_seed, np.array([k]), DIM, scale)[0]
                 accum[k] = np.float32(0)
         tp = {n: torch.tensor(v, requires_grad=True) for n, v in p.items()}
-        trow = torch.tensor(np.stack([rows[k] for k in uniq.tolist()]).astype(np.float64), requires_grad=True)
+        trow = torch.tensor(
+            np.stack([rows[k] for k in uniq.tolist()]).astype(np.float64), requires_grad=True
+        )
         emb = trow[torch.from_numpy(np.searchsorted(uniq, b.keys))]  # [B, F, D]
         x = torch.from_numpy(b.dense).double()
         bottom = torch.relu(x @ tp["bot.0.weight"].T + tp["bot.0.bias"])
@@ -68,7 +88,9 @@ def _hand_train(batches, *, lr, sparse_lr, dense_opt, sparse_opt, scale, init_se
         h = torch.relu(z @ tp["top.0.weight"].T + tp["top.0.bias"])
         logit = (h @ tp["top.2.weight"].T + tp["top.2.bias"])[:, 0]
         y = torch.from_numpy(b.labels).double()
-        loss = -(y * torch.log(torch.sigmoid(logit)) + (1 - y) * torch.log(1 - torch.sigmoid(logit))).mean()
+        loss = -(
+            y * torch.log(torch.sigmoid(logit)) + (1 - y) * torch.log(1 - torch.sigmoid(logit))
+        ).mean()
         loss.backward()
         for n in p:
             g = tp[n].grad.numpy()
@@ -79,7 +101,9 @@ def _hand_train(batches, *, lr, sparse_lr, dense_opt, sparse_opt, scale, init_se
                 m = 0.9 * m + 0.1 * g
                 v = 0.999 * v + 0.001 * g * g
                 adam[n] = (m, v)
-                p[n] = p[n] * (1 - lr * 1e-2) - lr * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+                p[n] = p[n] * (1 - lr * 1e-2) - lr * (m / (1 - 0.9**t)) / (
+                    np.sqrt(v / (1 - 0.999**t)) + 1e-8
+                )
         for i, k in enumerate(uniq.tolist()):
             g = trow.grad[i].numpy().astype(np.float32)
             if sparse_opt == "sgd":
@@ -92,20 +116,49 @@ def _hand_train(batches, *, lr, sparse_lr, dense_opt, sparse_opt, scale, init_se
 
 
 def _run(batches, steps, **kw):
-    return train_reference(dataset=ListDataset(batches), steps=steps, batch_size=2, dim=DIM, bot_mlp=BOT,
-                           top_mlp=TOP, seed=4, init_seed=5, init_scale=0.5, **kw)
+    return train_reference(
+        dataset=ListDataset(batches),
+        steps=steps,
+        batch_size=2,
+        dim=DIM,
+        bot_mlp=BOT,
+        top_mlp=TOP,
+        seed=4,
+        init_seed=5,
+        init_scale=0.5,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize(
     "dense_opt,sparse_opt,lr,sparse_lr",
-    [("sgd", "sgd", 0.5, None), ("adamw", "rowwise_adagrad", 0.01, 0.3), ("sgd", "rowwise_adagrad", 0.2, 0.1)],
+    [
+        ("sgd", "sgd", 0.5, None),
+        ("adamw", "rowwise_adagrad", 0.01, 0.3),
+        ("sgd", "rowwise_adagrad", 0.2, 0.1),
+    ],
 )
 @pytest.mark.parametrize("steps", [1, 3])
 def test_matches_hand_computed_steps(dense_opt, sparse_opt, lr, sparse_lr, steps):
     batches = _batches()
-    got = _run(batches, steps, lr=lr, sparse_lr=sparse_lr, dense_optimizer=dense_opt, sparse_optimizer=sparse_opt)
-    p, keys, values = _hand_train(batches[:steps], lr=lr, sparse_lr=lr if sparse_lr is None else sparse_lr,
-                                  dense_opt=dense_opt, sparse_opt=sparse_opt, scale=0.5, init_seed=5, seed=4)
+    got = _run(
+        batches,
+        steps,
+        lr=lr,
+        sparse_lr=sparse_lr,
+        dense_optimizer=dense_opt,
+        sparse_optimizer=sparse_opt,
+    )
+    p, keys, values = _hand_train(
+        batches[:steps],
+        lr=lr,
+        sparse_lr=lr if sparse_lr is None else sparse_lr,
+        dense_opt=dense_opt,
+        sparse_opt=sparse_opt,
+        scale=0.5,
+        init_seed=5,
+        seed=4,
+    )
     assert sorted(k for k in got if k.startswith("dense/")) == sorted(f"dense/{n}" for n in p)
     for n, v in p.items():
         assert got[f"dense/{n}"].dtype == np.float32
@@ -122,14 +175,24 @@ def test_float64_dense_keeps_float32_rows():
     kw = dict(lr=0.5, sparse_lr=None, dense_optimizer="sgd", sparse_optimizer="rowwise_adagrad")
     d32 = _run(batches, 3, **kw)
     d64 = _run(batches, 3, dtype=torch.float64, **kw)
-    assert d64["dense/top.2.weight"].dtype == np.float64 and d64["sparse_values"].dtype == np.float32
+    assert (
+        d64["dense/top.2.weight"].dtype == np.float64 and d64["sparse_values"].dtype == np.float32
+    )
     for k in d32:
         np.testing.assert_allclose(d64[k], d32[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
 def test_start_step_trains_the_later_batches():
     batches = _batches()
-    got = _run(batches, 1, lr=0.1, sparse_lr=None, dense_optimizer="sgd", sparse_optimizer="sgd", start_step=2)
+    got = _run(
+        batches,
+        1,
+        lr=0.1,
+        sparse_lr=None,
+        dense_optimizer="sgd",
+        sparse_optimizer="sgd",
+        start_step=2,
+    )
     np.testing.assert_array_equal(got["sparse_keys"], np.unique(batches[2].keys))
 
 
@@ -160,12 +223,26 @@ def test_local_embedding_reads_unseen_keys_as_first_touch_rows_only_without_grad
 
 
 def test_reference_learns_the_synthetic_task():
-    data = SyntheticCriteo(cardinalities=[10, 100, 1000, 5000, 20000, 300, 50, 2000], num_sparse=8, seed=1)
+    data = SyntheticCriteo(
+        cardinalities=[10, 100, 1000, 5000, 20000, 300, 50, 2000], num_sparse=8, seed=1
+    )
     steps, bs = 60, 1024
     keys = np.unique(np.concatenate([data.global_batch(s, bs).keys.ravel() for s in range(steps)]))
-    tr = ReferenceTrainer(keys=keys, num_dense=13, num_sparse=8, dim=8, bot_mlp=[32, 8], top_mlp=[32, 1],
-                          seed=0, lr=0.1, sparse_lr=0.05, dense_optimizer="sgd",
-                          sparse_optimizer="rowwise_adagrad", init_scale=0.1, init_seed=0)
+    tr = ReferenceTrainer(
+        keys=keys,
+        num_dense=13,
+        num_sparse=8,
+        dim=8,
+        bot_mlp=[32, 8],
+        top_mlp=[32, 1],
+        seed=0,
+        lr=0.1,
+        sparse_lr=0.05,
+        dense_optimizer="sgd",
+        sparse_optimizer="rowwise_adagrad",
+        init_scale=0.1,
+        init_seed=0,
+    )
     ev = data.global_batch(0, 4096, "eval")
     before = evaluate(tr.predict(ev), ev.labels)
     losses = [tr.step(data.global_batch(s, bs)) for s in range(steps)]
