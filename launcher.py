@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from cpu_dist.common.config import ConfigError, parse_args, validate
+    from cpu_dist.common.flags import ConfigError, parse_args, validate
 
     args = parse_args(argv)
     from cpu_dist.common.slurm import check_launch_environment
@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cpu_dist.common.slurm import check_world_size
 
         check_world_size(world.Get_size())
-        validate(args, world.Get_size())
+        cfg = validate(args, world.Get_size())
     except (ConfigError, RuntimeError) as exc:
         # Every rank reaches the same verdict from the same argv; rank 0 speaks for all.
         if world.Get_rank() == 0:
@@ -41,8 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cpu_dist.common.mpi_context import run_or_abort, split_roles
     from cpu_dist.train.job import run_job
 
-    roles = split_roles(args.worker_num, world)
-    return run_or_abort(lambda: run_job(args, roles), lambda: roles.name)
+    roles = split_roles(cfg.job.worker_num, world)
+    return run_or_abort(lambda: run_job(cfg, roles), lambda: roles.name)
 
 
 if __name__ == "__main__":

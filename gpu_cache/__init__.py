@@ -1,15 +1,31 @@
-"""The optional BagPipe cache stage (DESIGN.md section 4): a bounded cache of embedding rows
-on each worker, in front of the PS, on the GPU when one exists and on the CPU otherwise.
+"""The optional BagPipe cache stage (docs/DESIGN.md, "The cache stage"): a bounded cache of
+embedding rows on each worker, in front of the PS, on the GPU when one exists and on the CPU
+otherwise.
 
-``make_reader`` builds the stage from the launcher's flags; the worker loop then reads rows
-with ``reader.read(step, keys)`` and calls ``reader.submit(step, keys, grads)`` instead of the
-updater's submit (see gpu_cache/controller.py).
+``make_reader`` builds the stage from the job's Config; the result is a step pipeline (see
+``cpu_dist/train/pipelines.py``): the worker loop reads rows with ``read(step, keys)`` and hands
+gradients off with ``submit(step, keys, grads)`` (see gpu_cache/controller.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-def scan_trace(dataset, batch_size: int, steps: int, rank: int, world: int):
+if TYPE_CHECKING:
+    import numpy as np
+    from mpi4py import MPI
+
+    from cpu_dist.common.config import Config
+    from cpu_dist.common.timing import PhaseTimer
+    from cpu_dist.data import Dataset
+    from cpu_dist.sparse import Client
+    from gpu_cache.controller import CachedRowReader, Commits
+
+
+def scan_trace(
+    dataset: Dataset, batch_size: int, steps: int, rank: int, world: int
+) -> Iterator[np.ndarray]:
     """This worker's sorted unique keys of each training step, read before training."""
     import numpy as np
 
@@ -23,26 +39,37 @@ def scan_trace(dataset, batch_size: int, steps: int, rank: int, world: int):
         yield np.unique(item[1].shard(rank, world).keys.reshape(-1))
 
 
-def make_reader(args, client, updater, comm, dataset):
+def make_reader(
+    cfg: Config,
+    client: Client,
+    committer: Commits,
+    comm: MPI.Intracomm,
+    dataset: Dataset,
+    phases: PhaseTimer | None = None,
+) -> CachedRowReader:
     """The CachedRowReader for ``--read-mode bagpipe`` (prescan plans built here)."""
     from gpu_cache.bypass import LowHitBypass
     from gpu_cache.controller import CachedRowReader
     from gpu_cache.plans import OnlinePlanner, PrescanPlanner
 
+    cache = cfg.cache
+    assert cache is not None, "make_reader needs --read-mode bagpipe"
     rank, world = comm.Get_rank(), comm.Get_size()
-    if args.optimization_prescan:
-        trace = scan_trace(dataset, args.batch_size, args.max_step, rank, world)
-        planner = PrescanPlanner(comm, trace, window=args.optimization_plan_window)
+    planner: OnlinePlanner | PrescanPlanner
+    if cache.prescan:
+        trace = scan_trace(dataset, cfg.train.batch_size, cfg.train.max_step, rank, world)
+        planner = PrescanPlanner(comm, trace, window=cache.plan_window)
     else:
         planner = OnlinePlanner(comm)
     return CachedRowReader(
         client,
-        updater,
+        committer,
         planner,
-        dim=args.embedding_dim,
-        capacity_units=args.optimization_cache_capacity,
-        lr=args.sparse_lr,
-        aggregation=args.aggregation,
+        dim=cfg.model.embedding_dim,
+        capacity_units=cache.capacity_units,
+        lr=cfg.train.sparse_lr,
+        aggregation=cfg.train.aggregation,
         world=world,
-        bypass=LowHitBypass(args.optimization_bypass_below),
+        bypass=LowHitBypass(cache.bypass_below),
+        phases=phases,
     )

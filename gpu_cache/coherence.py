@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cpu_dist.data.keys import find_sorted
+from cpu_dist.common.sorted_keys import find_sorted
 from gpu_cache.cache_sgd import best_effort_sgd
 from gpu_cache.plans import StepPlan
 from gpu_cache.storage import RowStorage, sgd_step

@@ -19,18 +19,24 @@ can without waiting for any commit.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from cpu_dist.data.keys import find_sorted
-from cpu_dist.train.metrics import PhaseTimer
+from cpu_dist.common.sorted_keys import find_sorted
+from cpu_dist.common.timing import PhaseTimer
+from cpu_dist.sparse.aggregation import Outgoing
+from cpu_dist.sparse.reads import pull_when_applied
 from gpu_cache import coherence
 from gpu_cache._metadata import BagPipeCacheMetadata
 from gpu_cache.bypass import LowHitBypass
+from gpu_cache.plans import OnlinePlanner, PrescanPlanner, StepPlan
 from gpu_cache.storage import RowStorage
 
 
@@ -57,12 +63,38 @@ class StagedRows:
     rows: np.ndarray | None = None  # set by submit(step - 1), then kept coherent
 
 
+class Commits(Protocol):
+    """What the cache needs from the commit protocol (``cpu_dist.sparse.commits``)."""
+
+    @property
+    def committed(self) -> int: ...
+
+    def submit(
+        self,
+        step: int,
+        keys: np.ndarray,
+        grads: np.ndarray,
+        union: np.ndarray | None = None,
+        then: Callable[[Outgoing], None] | None = None,
+    ) -> Outgoing: ...
+
+    def drain(self) -> None: ...
+
+    def wait_readable(self, step: int) -> None: ...
+
+    def wait_applied(self, step: int) -> None: ...
+
+    def finish(self, last_step: int) -> None: ...
+
+
 class CachedRowReader:
+    """The cache stage as a step pipeline (``cpu_dist.train.pipelines.StepPipeline``)."""
+
     def __init__(
         self,
         client,
-        updater,
-        planner,
+        committer: Commits,
+        planner: OnlinePlanner | PrescanPlanner,
         *,
         dim: int,
         capacity_units: int,
@@ -71,16 +103,17 @@ class CachedRowReader:
         world: int,
         device=None,
         bypass: LowHitBypass | None = None,
+        phases: PhaseTimer | None = None,
     ) -> None:
-        self.client, self.updater, self.planner = client, updater, planner
+        self.client, self.committer, self.planner = client, committer, planner
         self.storage = RowStorage(capacity_units, dim, device)
         self.meta = BagPipeCacheMetadata(self.storage.capacity_rows)
         self.lr, self.aggregation, self.world, self.dim = float(lr), aggregation, world, dim
-        self._plan = None
+        self._plan: StepPlan | None = None
         self.bypass = bypass if bypass is not None else LowHitBypass(0.0)
         self._pool = cf.ThreadPoolExecutor(1) if planner.prescan else None  # staging
         self._staged: StagedRows | None = None  # started by read(step - 1)
-        self.stats = dict(
+        self.stats: dict[str, int] = dict(
             lookups=0,
             hits=0,
             demand_ids=0,
@@ -95,17 +128,22 @@ class CachedRowReader:
             dependency_waits=0,
             skipped_dependency_waits=0,
         )
-        self.bytes_pulled = 0
         self.commit_wait_s = 0.0
         self.shutdown_s = 0.0
         self.timer = PhaseTimer()  # where the stage's own time goes (cache_t_* metrics)
+        # The training loop's timer: a read is its "pull" phase.
+        self.phases = phases
 
     # -- read path ---------------------------------------------------------------------
     def read(self, step: int, keys: np.ndarray) -> torch.Tensor:
         """Rows of ``keys`` (sorted unique int64), float32 on the CPU, equal to the PS rows
         after every commit before ``step``."""
+        with self.phases("pull") if self.phases is not None else contextlib.nullcontext():
+            return self._read(step, keys)
+
+    def _read(self, step: int, keys: np.ndarray) -> torch.Tensor:
         with self.timer("submit_wait"):  # the previous step's submit and coherence
-            self.updater.drain()
+            self.committer.drain()
         with self.timer("plan"):
             plan = self.planner.plan(step, keys)
         self._plan = plan
@@ -163,25 +201,24 @@ class CachedRowReader:
     ) -> None:
         """Pull the rows at ``pos`` into ``out`` once the commit they depend on is applied."""
         if not len(pos):
-            if step > 0 and self.updater.committed < step - 1:
+            if step > 0 and self.committer.committed < step - 1:
                 self.stats["skipped_dependency_waits"] += 1
             return
         demand = keys[pos]
         prev = plan.prev[pos] if plan.prev is not None else self.meta.previous_update(demand)
         dep = int(prev.max())
-        if dep > self.updater.committed:
+        if dep > self.committer.committed:
             t0 = time.perf_counter()
-            self.updater.wait_readable(dep + 1)
+            self.committer.wait_readable(dep + 1)
             waited = time.perf_counter() - t0
             self.commit_wait_s += waited
             self.timer.add("dependency_wait", waited)
             self.stats["dependency_waits"] += 1
-        elif step > 0 and self.updater.committed < step - 1:
+        elif step > 0 and self.committer.committed < step - 1:
             self.stats["skipped_dependency_waits"] += 1
         with self.timer("demand_pull"):
             out[pos] = self.client.pull(demand)
         self.stats["demand_ids"] += len(demand)
-        self.bytes_pulled += demand.nbytes + len(demand) * self.dim * 4
 
     def _admit(
         self, keys: np.ndarray, miss_pos: np.ndarray, out: np.ndarray, scores: np.ndarray | None
@@ -206,11 +243,12 @@ class CachedRowReader:
         by one step.  Rows whose update in step ``nxt_step - 1`` this worker will not know
         (``ps`` aggregation, touched by another worker) are left to the demand path."""
         nxt = self.planner.upcoming(nxt_step) if self._pool is not None else None
-        if nxt is None or not len(nxt.keys):
+        if nxt is None or not len(nxt.keys) or self._pool is None:
             return
         stage = self.meta.lookup(nxt.keys) < 0
         if self.aggregation == "ps":
             cur = self._plan  # step nxt_step - 1
+            assert cur is not None and nxt.prev is not None
             changed = np.flatnonzero(nxt.prev == cur.step)
             if len(changed):  # known only where this worker alone touched the row
                 at, known = find_sorted(cur.keys, nxt.keys[changed])
@@ -221,14 +259,10 @@ class CachedRowReader:
             return
         keys = nxt.keys[pos]
         self.stats["prefetch_ids"] += len(pos)
-        self.bytes_pulled += keys.nbytes + len(keys) * self.dim * 4
-        future = self._pool.submit(self._pull_after, nxt_step - 2, keys)
+        future = self._pool.submit(
+            pull_when_applied, self.client, self.committer, keys, nxt_step - 2
+        )
         self._staged = StagedRows(nxt_step, pos, keys, future)
-
-    def _pull_after(self, step: int, keys: np.ndarray) -> np.ndarray:
-        """(Background thread) the rows of ``keys`` once commit ``step`` is applied."""
-        self.updater.wait_applied(step)
-        return self.client.pull(keys)
 
     # -- submit and coherence ----------------------------------------------------------
     def submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
@@ -244,21 +278,22 @@ class CachedRowReader:
         if self.aggregation == "ps" and not np.array_equal(keys, plan.keys):
             raise RuntimeError(f"step {step}: gradients cover other keys than the rows read")
 
-        def cohere() -> None:
+        def cohere(out: Outgoing) -> None:
             with self.timer("coherence"):
-                self._coherence(step, plan, keys, grads, staged)
+                self._coherence(out, plan, keys, grads, staged)
 
         # In background mode the exchange, the hand-off and cohere() overlap the dense phase;
         # the next read() drains them first.
-        self.updater.submit(step, keys, grads, union=plan.union, then=cohere)
+        self.committer.submit(step, keys, grads, union=plan.union, then=cohere)
 
-    def _coherence(self, step, plan, keys, grads, staged: StagedRows | None) -> None:
+    def _coherence(self, out: Outgoing, plan, keys, grads, staged: StagedRows | None) -> None:
         if self.aggregation == "collective":
-            union, summed = self.updater.last_reduced
+            union, summed = out.written, out.summed
+            assert union is not None and summed is not None
             self.stats["local_updates"] += coherence.after_collective_commit(
                 self.meta, self.storage, union, summed, self.lr, self.world
             )
-            if staged is not None:
+            if staged is not None and staged.rows is not None:
                 self.stats["staged_updates"] += coherence.update_staged(
                     staged.keys, staged.rows, union, summed, self.lr, self.world
                 )
@@ -268,11 +303,22 @@ class CachedRowReader:
             )
             self.stats["local_updates"] += updated
             self.stats["invalidations"] += dropped
-            if staged is not None:
+            if staged is not None and staged.rows is not None:
                 mine = ~plan.shared
                 self.stats["staged_updates"] += coherence.update_staged(
                     staged.keys, staged.rows, keys[mine], grads[mine], self.lr, self.world
                 )
+
+    # -- the rest of the step pipeline -------------------------------------------------
+    def prefetch(self, step: int, unique: np.ndarray) -> None:
+        """Nothing to do: prescan plans stage the next step's misses themselves."""
+
+    def wait_readable(self, step: int) -> None:
+        self.committer.wait_readable(step)
+
+    def finish(self, last_step: int) -> None:
+        self.committer.finish(last_step)
+        self.close()
 
     # -- end ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -300,18 +346,16 @@ class CachedRowReader:
                 err_msg="cached rows differ from the PS",
             )
 
-    def metrics(self) -> dict:
-        s = dict(self.stats)
+    def metrics(self) -> dict[str, float]:
+        s: dict[str, float] = dict(self.stats)
         s["hit_rate"] = s["hits"] / max(s["lookups"], 1)
         s["resident_bytes"] = self.storage.resident_bytes
         s["cache_commit_wait_s"] = self.commit_wait_s
-        s["gradient_payload_bytes"] = self.updater.payload_bytes
-        s["id_exchange_s"] = getattr(self.planner, "exchange_s", 0.0)
+        s["id_exchange_s"] = getattr(self.planner, "exchange_s", 0.0)  # online only
         s.update({f"t_{k}": v for k, v in self.timer.totals().items()})
-        if self.planner.prescan:
+        if isinstance(self.planner, PrescanPlanner):
             s["prescan_startup_s"] = self.planner.startup_s
             s["prescan_shutdown_s"] = self.shutdown_s
         return {
-            f"cache_{k}" if not k.startswith(("cache_", "prescan_", "gradient_")) else k: v
-            for k, v in s.items()
+            f"cache_{k}" if not k.startswith(("cache_", "prescan_")) else k: v for k, v in s.items()
         }

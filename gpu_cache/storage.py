@@ -78,6 +78,7 @@ class RowStorage:
         done.record(self._stream)
         torch.cuda.current_stream(self.device).wait_event(done)
         out.record_stream(torch.cuda.current_stream(self.device))
+        assert self._stream is not None
         staged.record_stream(self._stream)  # the staging buffer lives until the copy ran
         return out
 

@@ -11,6 +11,7 @@ export OMPI_MCA_btl_tcp_if_include="${OMPI_MCA_btl_tcp_if_include:-lo}"
 export OMPI_MCA_hwloc_base_binding_policy="${OMPI_MCA_hwloc_base_binding_policy:-none}"
 # A rank waiting in MPI should yield its core to the PS threads beside it.
 export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
-# glibc: keep large reply buffers out of fresh mmap/munmap on every call (PLATFORM.md).
+# glibc: keep large reply buffers out of fresh mmap/munmap on every call (docs/DESIGN.md,
+# "Measured facts").
 export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-33554432}"
 export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-268435456}"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up when needed, then
+#   0. static checks: ruff (lint and format), mypy on cpu_dist and gpu_cache, clang-format,
 #   1. unit and integration tests (integration tests start real mpirun jobs and PS processes),
 #   2. the pytest-mpi tests under mpirun with 3 and then 4 ranks (oversubscribed).
 # Rank 0 prints to the console; other ranks write logs/test-<phase>-rank<N>.log, shown when a
@@ -46,6 +47,22 @@ phase() {  # phase <name> <rc> ; reads logs/<name>.xml
     done
   fi
 }
+
+echo "== static checks"
+check() {  # check <name> <command...>: one passed or failed check
+  local name=$1; shift
+  if "$@" >"$LOGS/check-$name.log" 2>&1; then
+    TOTAL_P=$((TOTAL_P + 1)); echo "check $name: passed"
+  else
+    TOTAL_F=$((TOTAL_F + 1)); STATUS=1; echo "check $name: FAILED"; tail -n 40 "$LOGS/check-$name.log"
+  fi
+}
+CXX_SOURCES=$(git ls-files '*.h' '*.cc' 2>/dev/null || find cpu_dist gpu_cache -name '*.h' -o -name '*.cc')
+check ruff-lint "$ROOT/.venv/bin/ruff" check .
+check ruff-format "$ROOT/.venv/bin/ruff" format --check .
+check mypy "$ROOT/.venv/bin/mypy"
+# shellcheck disable=SC2086
+check clang-format clang-format --dry-run --Werror $CXX_SOURCES
 
 echo "== unit and integration tests"
 timeout -k 10 2400 "$PY" "${PYTEST[@]}" --junitxml="$LOGS/unit.xml" "$@"

@@ -14,14 +14,17 @@ count changed); every worker then loads the dense state.  Training resumes at st
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from mpi4py import MPI
 
+from cpu_dist.common.config import Config
+from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import wait_all
+from cpu_dist.sparse import Client
 
 from . import dense_state
 from .manifest import (
@@ -36,47 +39,57 @@ from .manifest import (
     step_dir_name,
 )
 
-# Flags a resumed job must share with the checkpoint: they decide what the saved state means.
+# Settings a resumed job must share with the checkpoint: they decide what the saved state means.
 MUST_MATCH = (
-    "embedding_dim",
-    "arch_mlp_bot",
-    "arch_mlp_top",
-    "dtype",
-    "dense_optimizer",
-    "sparse_optimizer",
-    "batch_size",
-    "data",
-    "seed",
-    "init_scale",
+    "model.embedding_dim",
+    "model.bot_mlp",
+    "model.top_mlp",
+    "model.dtype",
+    "model.init_scale",
+    "train.dense_optimizer",
+    "train.sparse_optimizer",
+    "train.batch_size",
+    "train.seed",
+    "data.kind",
 )
 
 
-def _config(args: argparse.Namespace) -> dict:
-    return {
-        k: v
-        for k, v in sorted(vars(args).items())
-        if isinstance(v, (str, int, float, bool, type(None)))
-    }
+class Commits(Protocol):
+    """What a checkpoint needs from the commit protocol (cpu_dist.sparse.commits)."""
+
+    def wait_readable(self, step: int) -> None: ...
+
+    @property
+    def session(self) -> SessionInfo: ...
+
+
+class SessionInfo(Protocol):
+    @property
+    def id(self) -> int: ...
+
+    def session_step(self, step: int) -> int: ...
 
 
 class Checkpointer:
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: Config,
         comm: MPI.Intracomm,
-        client,
+        client: Client,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        updater,
-        table: str,
+        commits: Commits,
     ) -> None:
-        self.args, self.comm, self.client = args, comm, client
-        self.model, self.optimizer, self.updater, self.table = model, optimizer, updater, table
-        self.root = Path(args.checkpoint_dir).resolve() if args.checkpoint_dir else None
+        ck = cfg.checkpoint
+        self.cfg, self.comm, self.client = cfg, comm, client
+        self.model, self.optimizer, self.commits = model, optimizer, commits
+        self.root = Path(ck.dir).resolve() if ck.dir else None
         self.chief = comm.Get_rank() == 0
-        self.every = args.checkpoint_every or 0
-        self.keep = args.checkpoint_keep
-        self.wait_s = 5 * args.rpc_timeout
+        self.every, self.keep, self.resume = ck.every, ck.keep, ck.resume
+        self.timeout_s = ck.timeout_s
+        # The other workers wait while the chief has every shard write: the checkpoint's whole
+        # budget on top of the usual wait for each other.
+        self.wait_s = cfg.job.barrier_timeout_s + ck.timeout_s
         self.saved: list[int] = []
 
     # -- save ---------------------------------------------------------------------------
@@ -85,7 +98,7 @@ class Checkpointer:
             self.save(step)
 
     def save(self, step: int) -> None:
-        self.updater.wait_readable(step + 1)  # step is applied on every shard
+        self.commits.wait_readable(step + 1)  # step is applied on every shard
         if self.chief:
             self._write(step)
         wait_all(self.comm, self.wait_s, f"checkpoint of step {step}")
@@ -98,7 +111,10 @@ class Checkpointer:
         step_dir.mkdir(parents=True, exist_ok=True)
         n = self.client.num_shards
         paths = [f"{name}/{shard_file_name(i, n)}" for i in range(n)]
-        results = self.client.save(paths, step, self.updater.session, step - self.updater.base)
+        session = self.commits.session
+        results = self.client.save(
+            paths, step, session.id, session.session_step(step), timeout_s=self.timeout_s
+        )
         shards = [
             FileEntry(
                 file=Path(p).name,
@@ -111,12 +127,12 @@ class Checkpointer:
         dense = dense_state.save_dense(step_dir / DENSE, self.model, self.optimizer, step)
         m = Manifest(
             step=step,
-            table=self.table,
-            dim=self.args.embedding_dim,
+            table=TABLE,
+            dim=self.cfg.model.embedding_dim,
             num_shards=n,
             shards=shards,
             dense=dense,
-            config=_config(self.args),
+            config=self.cfg.settings(),
         )
         m.write(step_dir)
         if self.keep > 0:
@@ -126,8 +142,9 @@ class Checkpointer:
     # -- restore ------------------------------------------------------------------------
     def restore(self) -> int:
         """Returns the step to start at (0 when there is nothing to resume from)."""
-        if not self.args.resume:
+        if not self.resume:
             return 0
+        assert self.root is not None
         info = None
         if self.chief:
             m = find_latest(self.root)
@@ -141,16 +158,18 @@ class Checkpointer:
             else:
                 check_matches(
                     m,
-                    dim=self.args.embedding_dim,
-                    table=self.table,
-                    config=_config(self.args),
+                    dim=self.cfg.model.embedding_dim,
+                    table=TABLE,
+                    config=self.cfg.settings(),
                     must_match=MUST_MATCH,
                 )
                 check_files(m)
+                assert m.path is not None
                 self.client.load(
                     [f"{m.path.name}/{e.file}" for e in m.shards],
                     [e.bytes for e in m.shards],
                     [e.crc32 for e in m.shards],
+                    timeout_s=self.timeout_s,
                 )
                 info = (str(m.path), m.step)
         info = self.comm.bcast(info, root=0)

@@ -16,7 +16,9 @@ from .manifest import CheckpointError, FileEntry
 
 
 def _rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple)
+    kind, keys, pos, has_gauss, cached = state
     return {
         "torch": torch.get_rng_state(),
         "numpy": [kind, torch.from_numpy(keys.copy()), int(pos), int(has_gauss), float(cached)],

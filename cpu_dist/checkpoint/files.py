@@ -20,7 +20,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> tuple[int, int]:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> tuple[int, int]:
     """Calls ``write(f)`` on a temporary file next to ``path``, then makes it ``path``.
     Returns (bytes, crc32) of what was written."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -10,6 +10,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cpu_dist.common.flags import setting_flag
+
 from .files import atomic_write, file_crc32
 
 FORMAT = "cpu_dist-checkpoint"
@@ -112,7 +114,7 @@ def check_matches(
     m: Manifest, *, dim: int, table: str, config: dict, must_match: tuple[str, ...]
 ) -> None:
     """Refuses a checkpoint of another table, dimension or model configuration."""
-    where = f"checkpoint {m.path / MANIFEST}"
+    where = f"checkpoint {m.path / MANIFEST if m.path else MANIFEST}"
     if m.table != table:
         raise CheckpointError(f"{where}: table {m.table!r}, this job trains {table!r}")
     if m.dim != dim:
@@ -120,7 +122,7 @@ def check_matches(
     for key in must_match:
         if key in m.config and m.config[key] != config.get(key):
             raise CheckpointError(
-                f"{where}: --{key.replace('_', '-')} {m.config[key]!r} in the "
+                f"{where}: {setting_flag(key)} {m.config[key]!r} in the "
                 f"checkpoint, {config.get(key)!r} in this job"
             )
 

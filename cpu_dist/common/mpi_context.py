@@ -51,6 +51,7 @@ def split_roles(worker_num: int, world: MPI.Intracomm | None = None) -> Roles:
         raise ValueError(f"--worker-num {worker_num} does not fit a world of {size} ranks")
     is_worker = rank < worker_num
     comm = world.Split(color=0 if is_worker else 1, key=rank)
+    assert isinstance(comm, MPI.Intracomm)
     return Roles(world, rank, size, worker_num, is_worker, comm, comm.Get_rank(), comm.Get_size())
 
 

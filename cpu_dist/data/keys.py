@@ -14,9 +14,6 @@ Two layouts exist because the two data sources differ:
   ``hash_size = 2**32`` an 8-digit Criteo value is kept as it is (no collisions at all);
   a smaller hash_size folds values modulo it (the "hashing trick", collisions accepted).
   hash_size may not exceed 2**32, or features would overlap.
-
-Steps handle keys as sorted unique int64 arrays; ``find_sorted`` is the one membership test
-between two of them.
 """
 
 from __future__ import annotations
@@ -27,15 +24,6 @@ import numpy as np
 
 CRITEO_FEATURE_SHIFT = 32
 CRITEO_DEFAULT_HASH_SIZE = 2**32
-
-
-def find_sorted(sorted_keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(at, found)``: where each query would sit in ``sorted_keys`` (sorted, unique) and
-    whether it is there, so ``sorted_keys[at[found]] == queries[found]``."""
-    at = np.searchsorted(sorted_keys, queries)
-    found = at < len(sorted_keys)
-    found[found] = sorted_keys[at[found]] == queries[found]
-    return at, found
 
 
 def synthetic_offsets(cardinalities: Sequence[int]) -> np.ndarray:

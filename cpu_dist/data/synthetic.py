@@ -30,9 +30,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from cpu_dist.common.contracts import mix64
 from cpu_dist.data.batch import Batch
 from cpu_dist.data.keys import fuse_synthetic, synthetic_offsets
-from cpu_dist.sparse.contracts import mix64
 
 # Roughly the shape of Criteo Kaggle's 26 cardinalities (a handful of huge features, many
 # small ones) with the huge ones cut to 1e5-1e6 so that a 2-core machine copes: 200 steps at
@@ -140,7 +140,8 @@ class SyntheticCriteo:
         self._dense_mu = hidden.uniform(0.0, 7.0, size=num_dense)
         self._dense_sigma = hidden.uniform(0.5, 2.0, size=num_dense)
         w = hidden.standard_normal(num_dense)
-        self._dense_w = w * (dense_signal / max(np.linalg.norm(w), 1e-12)) if num_dense else w
+        norm = max(float(np.linalg.norm(w)), 1e-12)
+        self._dense_w = w * (dense_signal / norm) if num_dense else w
         self._sparse_gain = sparse_signal / math.sqrt(num_sparse)
         self._bias = float(bias)
         self._perm_a, self._perm_c = self._permutations()

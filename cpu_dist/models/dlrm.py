@@ -1,7 +1,8 @@
 """DLRM: bottom MLP over dense features, embeddings, dot interaction, top MLP -> logits.
 
-The structure follows the DLRM paper and reference implementation, so that its flags
-(``--arch-mlp-bot 13-512-256-64``, ``--arch-mlp-top 512-256-1``) mean the same here:
+The structure follows the DLRM paper and reference implementation.  The MLP flags list layer
+widths (``--arch-mlp-bot 512-256-64``, ``--arch-mlp-top 512-256-1``); unlike DLRM's reference,
+the bottom MLP's input width (the 13 dense features) is not written:
 
 - bottom MLP: Linear+ReLU for every width in ``bot_mlp``; the last width must equal the
   embedding dimension, since its output is one more vector in the interaction;
@@ -24,25 +25,6 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
-
-
-def parse_mlp(spec: str, input_size: int | None = None) -> list[int]:
-    """``"512-256-64"`` -> ``[512, 256, 64]``.
-
-    DLRM's reference puts the input size first in ``--arch-mlp-bot`` ("13-512-256-64"). Pass
-    ``input_size`` (13 for the bottom MLP) to accept that style too: a leading width equal to
-    ``input_size`` followed by more widths is taken to be the input and dropped. (A first
-    hidden layer exactly as wide as the input must then be written twice, "13-13-...".)
-    """
-    try:
-        widths = [int(p) for p in spec.strip().split("-")]
-    except ValueError:
-        raise ValueError(f"bad MLP spec {spec!r}: expected widths like '512-256-64'") from None
-    if not widths or any(w <= 0 for w in widths):
-        raise ValueError(f"bad MLP spec {spec!r}: widths must be positive integers")
-    if input_size is not None and len(widths) > 1 and widths[0] == input_size:
-        widths = widths[1:]
-    return widths
 
 
 def _mlp(in_size: int, widths: Sequence[int], last_activation: bool) -> nn.Sequential:
@@ -88,6 +70,7 @@ class DLRM(nn.Module):
         self.embedding = embedding
         self.bot = _mlp(num_dense, bot_mlp, last_activation=True)
         n = num_sparse + 1
+        self._triu: torch.Tensor
         self.register_buffer("_triu", torch.triu_indices(n, n, offset=1), persistent=False)
         self.top = _mlp(dim + n * (n - 1) // 2, top_mlp, last_activation=False)
         self._embedding_takes_rows = "rows" in inspect.signature(embedding.forward).parameters
@@ -102,7 +85,8 @@ class DLRM(nn.Module):
         self, dense: torch.Tensor, keys: torch.Tensor, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Logits ``[B]``. ``rows`` (pre-pulled rows of the unique keys) go to the embedding."""
-        dtype = self.bot[0].weight.dtype
+        first: nn.Linear = self.bot[0]  # type: ignore[assignment]
+        dtype = first.weight.dtype
         bottom = self.bot(torch.as_tensor(dense).to(dtype))
         if rows is not None:
             if not self._embedding_takes_rows:
@@ -147,5 +131,5 @@ def build_dlrm(
         model = DLRM(embedding, num_dense, num_sparse, dim, bot_mlp, top_mlp)
     model.to(dtype)
     if isinstance(getattr(embedding, "dtype", None), torch.dtype):
-        embedding.dtype = dtype
+        setattr(embedding, "dtype", dtype)  # noqa: B010 - a plain attribute, not a Module
     return model

@@ -5,6 +5,24 @@ A thin re-export of the native module ``cpu_dist.sparse._ps``; see ``_ps.pyi`` f
 
 from __future__ import annotations
 
-from ._ps import NUM_PARTITIONS, Client, Handle, PSError, Server, partition_of, row_init
+from ._ps import (
+    NUM_PARTITIONS,
+    Client,
+    Handle,
+    PSError,
+    Server,
+    client_defaults,
+    partition_of,
+    row_init,
+)
 
-__all__ = ["NUM_PARTITIONS", "Client", "Handle", "PSError", "Server", "partition_of", "row_init"]
+__all__ = [
+    "NUM_PARTITIONS",
+    "Client",
+    "Handle",
+    "PSError",
+    "Server",
+    "client_defaults",
+    "partition_of",
+    "row_init",
+]

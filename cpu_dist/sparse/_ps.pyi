@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypedDict, TypeVar
+
 import numpy as np
 import numpy.typing as npt
 
 NUM_PARTITIONS: int
+
+_T = TypeVar("_T")
+
+class ClientDefaults(TypedDict):
+    max_keys_per_rpc: int
+    channels_per_shard: int
+    timeout_s: float
+    max_message_bytes: int
+
+class Traffic(TypedDict):
+    bytes_pulled: int  # key bytes sent in Pull requests + row bytes received in Pull replies
+    bytes_pushed: int  # key + gradient bytes sent in Push and Commit requests
+    keys_pulled: int
+    keys_pushed: int
+
+def client_defaults() -> ClientDefaults:
+    """Client's keyword defaults, from their one definition (C++ ClientOptions)."""
 
 class PSError(RuntimeError):
     """A failed RPC: "shard I (ADDR): CODE: message"."""
@@ -45,8 +64,13 @@ class Server:
     def stop(self, drain_timeout_s: float = 10.0) -> None: ...
     def stats(self) -> dict[str, int]: ...
 
-class Handle:
-    def wait(self, timeout_s: float | None = None) -> None: ...
+class Handle(Generic[_T]):
+    """An asynchronous pull, push or commit in flight (not generic at run time).  Dropping
+    it is safe: the client keeps the operation until its last RPC finished."""
+
+    def wait(self, timeout_s: float | None = None) -> _T:
+        """Wait until done: None for a push or commit, the rows (float32 [n, dim], a new
+        array) for a pull.  PSError on failure, TimeoutError on timeout; None waits forever."""
     def done(self) -> bool: ...
 
 class Client:
@@ -73,12 +97,17 @@ class Client:
     def pull(
         self, keys: npt.ArrayLike, out: npt.NDArray[np.float32] | None = None
     ) -> npt.NDArray[np.float32]: ...
+    def pull_async(self, keys: npt.ArrayLike) -> Handle[npt.NDArray[np.float32]]:
+        """Like pull, at once; wait() returns the rows."""
+    # Push is a direct update, for benchmarks, tests and bulk loading of large tables;
+    # training uses commit (aggregated over ranks, ordered by step).  The blocking forms
+    # are the asynchronous ones followed by Handle.wait().
     def push(
         self, keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float, optimizer: str = "sgd"
     ) -> None: ...
     def push_async(
         self, keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float, optimizer: str = "sgd"
-    ) -> Handle: ...
+    ) -> Handle[None]: ...
     def commit(
         self,
         session: int,
@@ -100,17 +129,21 @@ class Client:
         grads: npt.ArrayLike,
         lr: float,
         optimizer: str = "sgd",
-    ) -> Handle: ...
+    ) -> Handle[None]: ...
     def wait_committed(self, session: int, step: int, timeout_s: float) -> int: ...
     def committed_step(self, session: int) -> int: ...
     def close_session(self, session: int, rank: int) -> None: ...
     def stats(self) -> list[dict[str, int]]: ...
     def health(self) -> list[dict[str, object]]: ...
+    def traffic(self) -> Traffic:
+        """Payload bytes and keys this client moved in successful RPCs (protobuf framing
+        not counted)."""
     def shutdown(self) -> None: ...
     def dump(
         self,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     # Checkpoints; paths are relative to each shard's checkpoint_dir (see checkpoint.h).
+    # timeout_s None: the client's timeout_s; a job passes its --checkpoint-timeout.
     def save(
         self,
         paths: list[str],

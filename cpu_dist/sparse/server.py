@@ -13,18 +13,9 @@ import signal
 import sys
 from pathlib import Path
 
+from cpu_dist.common.tokens import TokenError, read_token_file
+
 from ._ps import Server
-
-
-def _read_token(path: str) -> str:
-    p = Path(path)
-    try:
-        token = p.read_text().strip()
-    except OSError as e:
-        raise SystemExit(f"error: cannot read --token-file {path}: {e.strerror}") from None
-    if not token:
-        raise SystemExit(f"error: --token-file {path} is empty")
-    return token
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,7 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    token = _read_token(args.token_file)
+    try:
+        token = read_token_file(args.token_file)
+    except TokenError as e:
+        raise SystemExit(f"error: {e}") from None
     stop_requested = []
 
     def on_signal(signum, _frame):  # runs in the main thread, between wait() slices

@@ -1,311 +1,281 @@
-"""The worker's training loop: the synchronous contract of DESIGN.md section 3.
+"""The worker's training loop: the synchronous contract of docs/DESIGN.md.
 
-Per step: this worker's slice of the global batch -> its unique keys -> (wait for the commit
-those rows depend on) -> pull -> forward/backward -> commit the unique rows' gradients ->
-all-reduce and apply the dense gradients.  Step t+1 therefore reads rows that hold every
-worker's step-t update, and the model equals a single-process run on the global batch.
+Per step: this worker's slice of the global batch -> its unique keys -> the step pipeline reads
+their rows (``pipelines.py``: it waits for whatever commit the rows depend on) -> forward and
+backward -> the pipeline hands the unique rows' gradients to the PS -> all-reduce and apply the
+dense gradients.  Step t+1 therefore reads rows that hold every worker's step-t update, and the
+model equals a single-process run on the global batch.  The loop does not know which pipeline
+runs.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from cpu_dist.checkpoint.coordinator import Checkpointer
-from cpu_dist.common.config import mlp_widths
+from cpu_dist.common.config import Config
+from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
-from cpu_dist.data import eval_batches, make_dataset, train_batches
+from cpu_dist.common.timing import PhaseTimer
+from cpu_dist.data import Batch, Dataset, make_dataset, train_batches
 from cpu_dist.dense.allreduce import GradientBuckets, broadcast_parameters, make_dense_optimizer
 from cpu_dist.models.dlrm import build_dlrm
 from cpu_dist.models.embedding import ShardedEmbedding
 from cpu_dist.sparse import Client
 from cpu_dist.train import metrics
-from cpu_dist.train.ps_rank import TABLE
-from cpu_dist.train.row_prefetch import SplitPull
-from cpu_dist.train.sparse_updates import SparseUpdater
+from cpu_dist.train.dump import model_arrays, write_dump
+from cpu_dist.train.evaluation import evaluate_model
+from cpu_dist.train.pipelines import make_committer, make_pipeline
 
-PHASES = (
-    "data",
-    "pull",
-    "forward",
-    "backward",
-    "straggler_wait",
-    "allreduce",
-    "optimizer",
-    "push",
-    "commit_wait",
-)
 # Workers meet after backward in a barrier that sleeps between polls: the wait for the slowest
 # worker is reported on its own (t_straggler_wait) instead of inflating whichever collective
 # comes first, and a waiting worker leaves its core to the others instead of spinning in MPI.
 STRAGGLER_POLL_S = 1e-4
 
+# (keys [B/W, F], their sorted unique keys, dense features, labels) of this worker's slice.
+Prepared = tuple[torch.Tensor, np.ndarray, torch.Tensor, torch.Tensor]
 
-def make_client(args: argparse.Namespace, token: str, addresses: list[str]) -> Client:
+
+def make_client(cfg: Config, token: str, addresses: list[str]) -> Client:
+    c = cfg.client
     return Client(
         addresses,
         token,
-        args.embedding_dim,
+        cfg.model.embedding_dim,
         table=TABLE,
-        max_keys_per_rpc=args.ps_max_keys_per_rpc,
-        channels_per_shard=args.ps_channels,
-        timeout_s=args.rpc_timeout,
-        max_message_bytes=args.ps_max_message_bytes,
+        max_keys_per_rpc=c.max_keys_per_rpc,
+        channels_per_shard=c.channels,
+        timeout_s=c.rpc_timeout_s,
+        max_message_bytes=c.max_message_bytes,
     )
 
 
-def dataset_from_args(args: argparse.Namespace):
+def dataset_from_config(cfg: Config) -> Dataset:
+    d = cfg.data
     return make_dataset(
-        args.data,
-        path=args.data_path,
-        seed=args.seed,
-        zipf_exponent=args.zipf_exponent,
-        skip_bad_lines=args.skip_bad_lines,
+        d.kind,
+        path=d.path,
+        seed=cfg.train.seed,
+        zipf_exponent=d.zipf_exponent,
+        skip_bad_lines=d.skip_bad_lines,
     )
+
+
+class Worker:
+    """One worker's run: built from the Config, then :meth:`run`."""
+
+    def __init__(self, cfg: Config, roles: Roles, token: str, session: int, addresses: list[str]):
+        self.cfg, self.comm = cfg, roles.comm
+        self.rank, self.world = roles.role_rank, roles.role_size
+        self.chief = self.rank == 0
+        self.dtype = torch.float64 if cfg.model.dtype == "float64" else torch.float32
+        self.client = make_client(cfg, token, addresses)
+        self.dataset = dataset_from_config(cfg)
+        self.embedding = ShardedEmbedding(self.client, cfg.model.embedding_dim)
+        self.model = build_dlrm(
+            self.embedding,
+            num_dense=self.dataset.num_dense,
+            num_sparse=self.dataset.num_sparse,
+            dim=cfg.model.embedding_dim,
+            bot_mlp=cfg.model.bot_mlp,
+            top_mlp=cfg.model.top_mlp,
+            seed=cfg.train.seed,
+            dtype=self.dtype,
+        )
+        broadcast_parameters(self.model, self.comm)
+        self.buckets = GradientBuckets(self.model.dense_parameters(), self.comm)
+        self.optimizer = make_dense_optimizer(
+            cfg.train.dense_optimizer, self.model.dense_parameters(), cfg.train.lr
+        )
+        self.timer = PhaseTimer()
+        self.committer = make_committer(cfg, self.client, self.comm, session)
+        self.checkpointer = Checkpointer(
+            cfg, self.comm, self.client, self.model, self.optimizer, self.committer
+        )
+        self.start = self.checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
+        self.committer.start_at(self.start)
+        self.pipeline = make_pipeline(
+            cfg, self.client, self.committer, self.comm, self.dataset, self.timer
+        )
+        self.log = metrics.RunLog(
+            cfg.output.metrics_out if self.chief else None,
+            cfg.output.tensorboard if self.chief else None,
+        )
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self._batches: Iterator[tuple[int, Batch]] = train_batches(
+            self.dataset, cfg.train.batch_size, self.start
+        )
+
+    def _next_batch(self) -> Prepared | None:
+        """This worker's slice of the next global batch, or None when a finite file ends."""
+        item = next(self._batches, None)
+        if item is None:  # every worker reads the same file, so all stop at the same step
+            return None
+        batch = item[1].shard(self.rank, self.world)
+        keys = torch.from_numpy(batch.keys)
+        return (
+            keys,
+            self.embedding.unique_keys(keys),
+            torch.from_numpy(batch.dense).to(self.dtype),
+            torch.from_numpy(batch.labels).to(self.dtype),
+        )
+
+    def _train_step(self, step: int, prepared: Prepared) -> torch.Tensor:
+        keys, unique, dense, labels = prepared
+        timer = self.timer
+        rows = self.pipeline.read(step, unique)
+        with timer("forward"):
+            self.buckets.zero()
+            loss = self.loss_fn(self.model(dense, keys, rows=rows), labels)
+        with timer("backward"):
+            loss.backward()
+        if self.world > 1:  # load imbalance, measured apart from the collectives that follow
+            with timer("straggler_wait"):
+                wait_all(
+                    self.comm,
+                    self.cfg.job.barrier_timeout_s,
+                    f"step {step}: workers after backward",
+                    poll_s=STRAGGLER_POLL_S,
+                )
+        with timer("push"):
+            self.pipeline.submit(step, *self.embedding.sparse_grads())
+        return loss
+
+    def _dense_step(self) -> None:
+        with self.timer("allreduce"):
+            self.buckets.allreduce_mean()
+        with self.timer("optimizer"):
+            self.optimizer.step()
+
+    def run(self, stop_shards: bool) -> None:
+        cfg = self.cfg
+        bar = metrics.progress(
+            cfg.train.max_step, enabled=self.chief and cfg.output.progress, initial=self.start
+        )
+        window = Window(time.perf_counter())
+        run_t0 = time.perf_counter()
+        steps, ahead = cfg.train.max_step, None
+        for step in range(self.start, cfg.train.max_step):
+            with self.timer("data"):
+                prepared = ahead if ahead is not None else self._next_batch()
+                ahead = None
+            if prepared is None:
+                steps = step
+                break
+            loss = self._train_step(step, prepared)
+            if step + 1 < cfg.train.max_step:  # the pipeline may start reading step + 1
+                with self.timer("data"):
+                    ahead = self._next_batch()
+                if ahead is not None:
+                    self.pipeline.prefetch(step + 1, ahead[1])
+            self._dense_step()
+            window.samples += cfg.train.batch_size
+            self.checkpointer.after_step(step)  # --checkpoint-every: at this step boundary
+            self._after_step(step, steps, loss, window, bar)
+        bar.close()
+        with self.timer("commit_wait"):
+            self.pipeline.finish(max(steps, self.start) - 1)
+        self._end(steps, time.perf_counter() - run_t0, stop_shards)
+
+    def _after_step(self, step: int, steps: int, loss: torch.Tensor, window: Window, bar) -> None:
+        out = self.cfg.output
+        if (step + 1) % out.print_freq == 0 or step + 1 == steps:
+            loss_sum = np.array([loss.item()], dtype=np.float64)
+            self.comm.Allreduce(MPI.IN_PLACE, loss_sum)
+            record = {"step": step + 1, "loss": float(loss_sum[0] / self.world)}
+            record["samples_per_s"] = window.rate(time.perf_counter())
+            self.log.write(self._record(record))
+            bar.set_postfix(loss=f"{record['loss']:.4f}", sps=f"{record['samples_per_s']:,.0f}")
+        bar.update(1)
+        if out.eval_every and (step + 1) % out.eval_every == 0 and step + 1 < steps:
+            self._evaluate(step + 1)
+
+    def _record(self, head: dict[str, Any]) -> dict[str, Any]:
+        """A metrics record: ``head``, then every counter of the run so far."""
+        phases = self.timer.totals()
+        traffic = self.client.traffic()
+        commits = self.committer.metrics()
+        waits = phases.get("commit_wait", 0.0) if self.committer.background else None
+        return {
+            **head,
+            **{f"t_{k}": v for k, v in phases.items()},
+            "bytes_pulled": traffic["bytes_pulled"],
+            "bytes_pushed": traffic["bytes_pushed"],
+            "bytes_allreduced": self.buckets.bytes_reduced,
+            **commits,
+            # The training thread's seconds in sparse reads, exchanges and commit waits (with a
+            # background hand-off its own commit waits ran on that thread; the training thread
+            # waited only inside its reads and in the loop's commit_wait phase).
+            "exposed_sparse_s": phases.get("pull", 0.0)
+            + commits["sparse_exchange_s"]
+            + (commits["commit_wait_s"] if waits is None else waits),
+            **self.pipeline.metrics(),
+        }
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        self.pipeline.wait_readable(step)
+        result = evaluate_model(
+            self.model,
+            self.embedding,
+            self.dataset,
+            self.comm,
+            batch_size=self.cfg.train.batch_size,
+            num_batches=self.cfg.output.eval_batches,
+            dtype=self.dtype,
+        )
+        if result:
+            self.log.write({"step": step, **result})
+        return result
+
+    def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
+        result = self._evaluate(steps)
+        if self.chief:
+            if self.cfg.output.dump_state:
+                keys, values, _ = self.client.dump()
+                write_dump(self.cfg.output.dump_state, model_arrays(self.model, keys, values))
+            head = {
+                "steps": steps,
+                "workers": self.world,
+                "ps_shards": self.client.num_shards,
+                "seconds": run_s,
+                "samples_per_s": (steps - self.start)
+                * self.cfg.train.batch_size
+                / max(run_s, 1e-9),
+                **result,
+            }
+            summary = self._record(head)
+            self.log.write({"summary": summary})
+            print(metrics.summary_table(summary), flush=True)
+        self.log.close()
+        wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")
+        if self.chief and stop_shards:
+            self.client.shutdown()
+
+
+class Window:
+    """Samples per second over the steps since the last logged line."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0, self.samples = t0, 0
+
+    def rate(self, now: float) -> float:
+        rate = self.samples / max(now - self.t0, 1e-9)
+        self.t0, self.samples = now, 0
+        return rate
 
 
 def train_worker(
-    args: argparse.Namespace,
+    cfg: Config,
     roles: Roles,
     token: str,
     session: int,
     addresses: list[str],
     stop_shards: bool,
 ) -> None:
-    comm, rank, world = roles.comm, roles.role_rank, roles.role_size
-    chief = rank == 0
-    dtype = torch.float64 if args.dtype == "float64" else torch.float32
-    client = make_client(args, token, addresses)
-    dataset = dataset_from_args(args)
-    embedding = ShardedEmbedding(client, args.embedding_dim)
-    model = build_dlrm(
-        embedding,
-        num_dense=dataset.num_dense,
-        num_sparse=dataset.num_sparse,
-        dim=args.embedding_dim,
-        bot_mlp=mlp_widths(args.arch_mlp_bot, "--arch-mlp-bot"),
-        top_mlp=mlp_widths(args.arch_mlp_top, "--arch-mlp-top"),
-        seed=args.seed,
-        dtype=dtype,
-    )
-    broadcast_parameters(model, comm)
-    buckets = GradientBuckets(model.dense_parameters(), comm)
-    optimizer = make_dense_optimizer(args.dense_optimizer, model.dense_parameters(), args.lr)
-    # Pipelined, uncached: step t+1's rows that step t did not write are pulled early.
-    split_pull = args.sparse_sync == "pipelined" and args.read_mode != "bagpipe"
-    updater = SparseUpdater(
-        client,
-        comm,
-        session,
-        lr=args.sparse_lr,
-        optimizer=args.sparse_optimizer,
-        aggregation=args.aggregation,
-        sync=args.sparse_sync,
-        timeout_s=args.rpc_timeout,
-        track_written=split_pull,
-        # the cache keeps its rows coherent, so its submit may overlap
-        # the dense phase
-        background=args.read_mode == "bagpipe",
-    )
-    checkpointer = Checkpointer(args, comm, client, model, optimizer, updater, TABLE)
-    start = checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
-    updater.start_at(start)
-    reader = None  # --read-mode bagpipe: the cache stage reads rows instead of client.pull
-    if args.read_mode == "bagpipe":
-        from gpu_cache import make_reader
-
-        reader = make_reader(args, client, updater, comm, dataset)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    timer = metrics.PhaseTimer()
-    log = metrics.RunLog(args.metrics_out if chief else None, args.tensorboard if chief else None)
-    bar = metrics.progress(args.max_step, enabled=chief and not args.no_progress, initial=start)
-    bytes_pulled = 0
-    last_step = start - 1
-    window_t0, window_samples = time.perf_counter(), 0
-    run_t0 = time.perf_counter()
-
-    batches = train_batches(dataset, args.batch_size, start)
-
-    def next_batch():
-        """This worker's slice of the next global batch, or None when a finite file ends."""
-        item = next(batches, None)
-        if item is None:  # every worker reads the same file, so all stop at the same step
-            return None
-        batch = item[1].shard(rank, world)
-        keys = torch.from_numpy(batch.keys)
-        return (
-            keys,
-            embedding.unique_keys(keys),
-            torch.from_numpy(batch.dense).to(dtype),
-            torch.from_numpy(batch.labels).to(dtype),
-        )
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="row-prefetch") if split_pull else None
-    ahead = None  # the next step's batch when it was read during this step
-    early = None  # its SplitPull
-    steps = args.max_step
-    for step in range(start, args.max_step):
-        with timer("data"):
-            prepared = ahead if ahead is not None else next_batch()
-            ahead = None
-            if prepared is None:
-                steps = step
-                break
-            keys, unique, dense, labels = prepared
-        if reader is not None:  # the cache waits only for the commits its misses depend on
-            with timer("pull"):
-                rows = reader.read(step, unique)
-            bytes_pulled = reader.bytes_pulled
-        else:
-            with timer("commit_wait"):
-                updater.wait_readable(step)
-            with timer("pull"):
-                rows = torch.from_numpy(
-                    early.finish() if early is not None else client.pull(unique)
-                )
-                early = None
-                bytes_pulled += unique.nbytes + rows.numel() * 4
-        with timer("forward"):
-            buckets.zero()
-            logits = model(dense, keys, rows=rows)
-            loss = loss_fn(logits, labels)
-        with timer("backward"):
-            loss.backward()
-        if world > 1:  # load imbalance, measured apart from the collectives that follow
-            with timer("straggler_wait"):
-                wait_all(
-                    comm,
-                    args.rpc_timeout,
-                    f"step {step}: workers after backward",
-                    poll_s=STRAGGLER_POLL_S,
-                )
-        with timer("push"):
-            sparse_keys, sparse_grads = embedding.sparse_grads()
-            # the cache stage submits through the updater and keeps its rows coherent
-            (reader or updater).submit(step, sparse_keys, sparse_grads)
-        if split_pull and step + 1 < args.max_step:
-            with timer("data"):
-                ahead = next_batch()
-            if ahead is not None:
-                early = SplitPull(client, pool, ahead[1], updater.written, args.rpc_timeout)
-        with timer("allreduce"):
-            buckets.allreduce_mean()
-        with timer("optimizer"):
-            optimizer.step()
-        last_step = step
-        window_samples += args.batch_size
-        checkpointer.after_step(step)  # --checkpoint-every: at this committed step boundary
-
-        if (step + 1) % args.print_freq == 0 or step + 1 == steps:
-            loss_sum = np.array([loss.item()], dtype=np.float64)
-            comm.Allreduce(MPI.IN_PLACE, loss_sum)
-            now = time.perf_counter()
-            rate = window_samples / max(now - window_t0, 1e-9)
-            window_t0, window_samples = now, 0
-            record = {
-                "step": step + 1,
-                "loss": float(loss_sum[0] / world),
-                "samples_per_s": rate,
-                **{f"t_{k}": v for k, v in timer.totals().items()},
-                "bytes_pulled": bytes_pulled,
-                "bytes_pushed": updater.payload_bytes,
-                "bytes_allreduced": buckets.bytes_reduced,
-                "commit_wait_s": updater.commit_wait_s,
-                "rows_pushed": updater.rows_sent,
-                **(reader.metrics() if reader is not None else {}),
-            }
-            log.write(record)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", sps=f"{rate:,.0f}")
-        bar.update(1)
-        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.max_step:
-            _evaluate(args, model, embedding, dataset, updater, comm, step + 1, log, dtype)
-    bar.close()
-    if pool is not None:
-        pool.shutdown(wait=True)
-    with timer("commit_wait"):
-        updater.finish(last_step)
-    if reader is not None:
-        reader.close()
-    run_s = time.perf_counter() - run_t0
-    result = _evaluate(args, model, embedding, dataset, updater, comm, steps, log, dtype)
-
-    if chief:
-        if args.dump_state:
-            dump_state(args.dump_state, model, client)
-        summary = {
-            "steps": steps,
-            "workers": world,
-            "ps_shards": client.num_shards,
-            "seconds": run_s,
-            "samples_per_s": steps * args.batch_size / max(run_s, 1e-9),
-            "bytes_pulled": bytes_pulled,
-            "bytes_pushed": updater.payload_bytes,
-            "bytes_allreduced": buckets.bytes_reduced,
-            "commit_wait_s": updater.commit_wait_s,
-            "sparse_exchange_s": updater.exchange_s,
-            "exposed_sparse_s": _exposed_sparse_s(timer.totals(), updater),
-            **result,
-            **(reader.metrics() if reader is not None else {}),
-            **{f"t_{k}": v for k, v in timer.totals().items()},
-        }
-        log.write({"summary": summary})
-        print(metrics.summary_table(summary), flush=True)
-    log.close()
-    wait_all(comm, args.rpc_timeout * 10, "workers finishing")
-    if chief and stop_shards:
-        client.shutdown()
-
-
-def _exposed_sparse_s(phases: dict[str, float], updater: SparseUpdater) -> float:
-    """The training thread's seconds in sparse reads, exchanges and commit waits.  With a
-    background hand-off the updater's own commit waits ran on that thread; the training thread
-    waited only inside its reads (the pull phase) and in the loop's commit_wait phase."""
-    waits = phases.get("commit_wait", 0.0) if updater.background else updater.commit_wait_s
-    return phases.get("pull", 0.0) + updater.exchange_s + waits
-
-
-def _evaluate(args, model, embedding, dataset, updater, comm, step, log, dtype) -> dict:
-    """Held-out AUC and log loss: each worker scores its slice, worker 0 computes the metric."""
-    rank, world = comm.Get_rank(), comm.Get_size()
-    updater.wait_readable(step)
-    scores, labels = [], []
-    model.eval()
-    with torch.no_grad():
-        for batch in eval_batches(dataset, args.batch_size, args.eval_batches):
-            part = batch.shard(rank, world)
-            keys = torch.from_numpy(part.keys)
-            rows = torch.from_numpy(embedding.store.pull(embedding.unique_keys(keys)))
-            logits = model(torch.from_numpy(part.dense).to(dtype), keys, rows=rows)
-            scores.append(logits.double().numpy())
-            labels.append(part.labels.astype(np.float64))
-    model.train()
-    s = np.concatenate(scores) if scores else np.zeros(0)
-    y = np.concatenate(labels) if labels else np.zeros(0)
-    gathered = comm.gather((s, y), root=0)
-    if rank != 0:
-        return {}
-    s = np.concatenate([g[0] for g in gathered])
-    y = np.concatenate([g[1] for g in gathered])
-    result = {f"eval_{k}": v for k, v in metrics.evaluate(s, y).items()} if len(y) else {}
-    log.write({"step": step, **result})
-    return result
-
-
-def dump_state(path: str, model: torch.nn.Module, client: Client) -> None:
-    """The --dump-state format: dense/<name> per dense parameter, sparse_keys (int64, sorted),
-    sparse_values (float32, same order) for every row the PS holds (every row ever updated)."""
-    keys, values, _ = client.dump()
-    arrays = {
-        f"dense/{name}": p.detach().numpy().copy() for name, p in model.dense_named_parameters()
-    }
-    arrays["sparse_keys"] = keys
-    arrays["sparse_values"] = values
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    Worker(cfg, roles, token, session, addresses).run(stop_shards)

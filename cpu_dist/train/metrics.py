@@ -1,10 +1,11 @@
-"""Run metrics: phase timing, JSON-lines logs, held-out AUC/log loss, summary tables.
+"""Run metrics: JSON-lines logs, held-out AUC/log loss, summary tables.
 
 JSON-lines layout (one object per line, flushed as written, so a crashed run keeps its log
 and ``scripts/plot_metrics.py`` can plot a run that is still going):
 
 - step lines: ``step``, ``loss``, ``samples_per_s``, ``t_<phase>`` (seconds spent in that
-  phase since the start of the run, cumulative, as :meth:`PhaseTimer.totals` gives them),
+  phase since the start of the run, cumulative, as ``cpu_dist.common.timing.PhaseTimer``
+  gives them),
   ``bytes_pulled``/``bytes_pushed`` (cumulative) and any further numbers;
 - eval lines: ``step``, ``eval_auc``, ``eval_logloss``;
 - a final ``{"summary": {...}}`` line.
@@ -12,58 +13,14 @@ and ``scripts/plot_metrics.py`` can plot a run that is still going):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import time
-from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import IO, Any
 
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
-
-
-class PhaseTimer:
-    """Accumulates wall seconds per phase name: ``with timer("pull"): ...``.
-
-    Also usable as ``with timer.phase("pull")``. Nested phases both count their time.
-    """
-
-    def __init__(self) -> None:
-        self._totals: dict[str, float] = defaultdict(float)
-        self._counts: dict[str, int] = defaultdict(int)
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._totals[name] += time.perf_counter() - t0
-            self._counts[name] += 1
-
-    __call__ = phase
-
-    def add(self, name: str, seconds: float) -> None:
-        """Account time measured elsewhere (e.g. inside a native call)."""
-        self._totals[name] += seconds
-        self._counts[name] += 1
-
-    def totals(self) -> dict[str, float]:
-        """Seconds per phase since creation (or the last reset), in first-use order."""
-        return dict(self._totals)
-
-    def counts(self) -> dict[str, int]:
-        return dict(self._counts)
-
-    def reset(self) -> dict[str, float]:
-        """Return the totals and start again from zero (for per-window figures)."""
-        out = self.totals()
-        self._totals.clear()
-        self._counts.clear()
-        return out
 
 
 def _jsonable(value: Any) -> Any:

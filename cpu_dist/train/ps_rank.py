@@ -2,43 +2,38 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from cpu_dist.common.config import Config
+from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, exchange_ps_addresses
 from cpu_dist.sparse import Server
 
-TABLE = "embedding"
 WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 
 
-def _checkpoint_dir(args: argparse.Namespace) -> str:
-    """Where Save/Load may touch files: --checkpoint-dir (absolute), or nowhere."""
-    return str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else ""
-
-
-def run_ps_rank(
-    args: argparse.Namespace, roles: Roles, token: str, job_host: str, ps_list: list[str]
-) -> None:
+def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
     """``job_host``: the address this node is reached at (see mpi_context.ps_listen_host)."""
     host, port = job_host, 0
-    if ps_list:  # as in the first design: PS rank i listens on the i-th --ps_list address
-        host, _, p = ps_list[roles.role_rank].rpartition(":")
+    if cfg.job.ps_list:  # as in the first design: PS rank i listens on the i-th --ps_list address
+        host, _, p = cfg.job.ps_list[roles.role_rank].rpartition(":")
         port = int(p)
+    # Save/Load may touch files under --checkpoint-dir only (absolute), or nowhere.
+    ckpt_dir = str(Path(cfg.checkpoint.dir).resolve()) if cfg.checkpoint.dir else ""
     server, address, error = None, None, None
     try:
         server = Server(
-            args.embedding_dim,
+            cfg.model.embedding_dim,
             token,
-            init_scale=args.init_scale,
+            init_scale=cfg.model.init_scale,
             host=host,
             port=port,
             table=TABLE,
-            seed=args.seed,
+            seed=cfg.train.seed,
             shard_index=roles.role_rank,
             num_shards=roles.num_ps_ranks,
-            max_message_bytes=args.ps_max_message_bytes,
-            checkpoint_dir=_checkpoint_dir(args),
+            max_message_bytes=cfg.client.max_message_bytes,
+            checkpoint_dir=ckpt_dir,
         )
         bound = server.start()
         # A wildcard bind (asked for explicitly) is published as this node's own address.
@@ -46,6 +41,7 @@ def run_ps_rank(
     except Exception as exc:  # reported to every rank by the allgather below
         error = f"{type(exc).__name__}: {exc} (listening on {host}:{port})"
     exchange_ps_addresses(roles, address, error)
+    assert server is not None  # exchange_ps_addresses raised otherwise
     # Serve until worker 0 sends Shutdown once every worker is done; the server drains
     # in-flight calls first.  The wait sleeps in C++ with the GIL released: no spinning core.
     while not server.wait(1.0):

@@ -1,6 +1,6 @@
 """The single-process PyTorch reference: the yardstick of the equivalence tests.
 
-DESIGN.md section 3's contract says a synchronous distributed run equals one process
+The synchronous contract (docs/DESIGN.md) says a synchronous distributed run equals one process
 training on the global batches. This module is that one process, written with nothing but
 plain PyTorch so that it is easy to trust:
 
@@ -29,11 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from cpu_dist.common.contracts import row_init, sparse_update
 from cpu_dist.data import Batch, Dataset, train_batches
-from cpu_dist.models.dlrm import DLRM, build_dlrm
-from cpu_dist.sparse.contracts import row_init
+from cpu_dist.dense.allreduce import make_dense_optimizer
+from cpu_dist.models.dlrm import build_dlrm
+from cpu_dist.train.dump import model_arrays
 
-__all__ = ["LocalEmbedding", "ReferenceTrainer", "build_dlrm", "sparse_update", "train_reference"]
+__all__ = ["LocalEmbedding", "ReferenceTrainer", "train_reference"]
 
 
 class LocalEmbedding(nn.Module):
@@ -52,6 +54,7 @@ class LocalEmbedding(nn.Module):
         keys = np.asarray(keys, dtype=np.int64)
         if keys.ndim != 1 or np.any(np.diff(keys) <= 0):
             raise ValueError("keys must be sorted and unique")
+        self.keys: torch.Tensor
         self.register_buffer("keys", torch.from_numpy(keys.copy()), persistent=False)
         weight = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32).copy())
         self.bag = nn.EmbeddingBag(
@@ -85,30 +88,6 @@ class LocalEmbedding(nn.Module):
         return out.reshape(*keys.shape, out.shape[-1])
 
 
-def sparse_update(
-    kind: str, weights: np.ndarray, state: np.ndarray | None, grads: np.ndarray, lr: float
-) -> None:
-    """In place, float32, the PS's operation order (``csrc/optimizer.h``).
-
-    ``weights [u, d]`` and ``state [u]`` (Adagrad accumulators) are float32 arrays of the
-    touched rows; ``grads [u, d]`` their aggregated gradients.
-    """
-    lr32 = np.float32(lr)
-    g = np.asarray(grads, dtype=np.float32)
-    if kind == "sgd":
-        weights -= lr32 * g
-        return
-    if kind != "rowwise_adagrad":
-        raise ValueError(f"unknown sparse optimizer {kind!r}")
-    assert state is not None
-    sq = np.zeros(g.shape[0], dtype=np.float32)
-    for c in range(g.shape[1]):  # columns in order, as the C++ loop sums them
-        sq += g[:, c] * g[:, c]
-    state += sq / np.float32(g.shape[1])
-    step = lr32 / (np.sqrt(state) + np.float32(1e-8))
-    weights -= step[:, None] * g
-
-
 def _training_keys(dataset: Dataset, batch_size: int, start_step: int, steps: int) -> np.ndarray:
     """Sorted unique keys of the training batches the run will see (first pass)."""
     parts = [np.zeros(0, dtype=np.int64)]
@@ -117,14 +96,6 @@ def _training_keys(dataset: Dataset, batch_size: int, start_step: int, steps: in
             break
         parts.append(np.unique(batch.keys))
     return np.unique(np.concatenate(parts))
-
-
-def _dense_optimizer(kind: str, model: DLRM, lr: float) -> torch.optim.Optimizer:
-    if kind == "sgd":
-        return torch.optim.SGD(model.dense_parameters(), lr=lr)
-    if kind == "adamw":
-        return torch.optim.AdamW(model.dense_parameters(), lr=lr)
-    raise ValueError(f"unknown dense optimizer {kind!r}")
 
 
 class ReferenceTrainer:
@@ -170,7 +141,7 @@ class ReferenceTrainer:
         self.dtype = dtype
         self.sparse_lr = lr if sparse_lr is None else sparse_lr
         self.sparse_optimizer = sparse_optimizer
-        self.optimizer = _dense_optimizer(dense_optimizer, self.model, lr)
+        self.optimizer = make_dense_optimizer(dense_optimizer, self.model.dense_parameters(), lr)
         self.state = np.zeros(len(self.keys), dtype=np.float32)
         self.touched = np.zeros(len(self.keys), dtype=bool)
         self.loss_fn = nn.BCEWithLogitsLoss()
@@ -184,6 +155,7 @@ class ReferenceTrainer:
         loss = self.loss_fn(logits, torch.from_numpy(batch.labels).to(self.dtype))
         loss.backward()
 
+        assert weight.grad is not None
         grad = weight.grad.coalesce()  # sums repeated keys: one gradient per touched row
         idx = grad.indices()[0]
         idx_np = idx.numpy()
@@ -213,17 +185,10 @@ class ReferenceTrainer:
         return logits.double().numpy()
 
     def dump(self) -> dict[str, np.ndarray]:
-        """The --dump-state format (see :func:`train_reference`)."""
-        out = {
-            f"dense/{name}": p.detach().numpy().copy()
-            for name, p in self.model.dense_named_parameters()
-        }
+        """The --dump-state format (:mod:`cpu_dist.train.dump`)."""
         weight = self.embedding.bag.weight.detach()
-        out["sparse_keys"] = self.keys[self.touched].copy()
-        out["sparse_values"] = (
-            weight[torch.from_numpy(self.touched)].to(torch.float32).numpy().copy()
-        )
-        return out
+        rows = weight[torch.from_numpy(self.touched)].to(torch.float32).numpy()
+        return model_arrays(self.model, self.keys[self.touched].copy(), rows.copy())
 
 
 def train_reference(

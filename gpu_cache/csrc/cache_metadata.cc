@@ -67,8 +67,8 @@ std::vector<int64_t> CacheMetadata::lookup(const int64_t* keys, size_t n) const 
   return out;
 }
 
-int64_t CacheMetadata::sgd_resident(const int64_t* keys, size_t n, const float* grads,
-                                    float lr, float divisor, const RowMatrix& rows) const {
+int64_t CacheMetadata::sgd_resident(const int64_t* keys, size_t n, const float* grads, float lr,
+                                    float divisor, const RowMatrix& rows) const {
   if (rows.rows < capacity_)
     throw std::invalid_argument("row matrix has " + std::to_string(rows.rows) +
                                 " rows, the cache " + std::to_string(capacity_));
@@ -76,8 +76,8 @@ int64_t CacheMetadata::sgd_resident(const int64_t* keys, size_t n, const float* 
   for (size_t i = 0; i < n; ++i) {
     auto it = slot_of_.find(keys[i]);
     if (it == slot_of_.end()) continue;
-    sgd_row(rows.data + it->second * rows.dim, grads + static_cast<int64_t>(i) * rows.dim,
-            rows.dim, lr, divisor);
+    sgd_row(rows.data + it->second * rows.dim, grads + static_cast<int64_t>(i) * rows.dim, rows.dim,
+            lr, divisor);
     ++updated;
   }
   return updated;

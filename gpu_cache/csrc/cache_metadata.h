@@ -5,10 +5,10 @@
 //
 // Eviction order: every resident slot carries an int64 score and the slot with the smallest
 // score goes first (ties: the lower slot).  Scores are plain per-slot numbers, so a hit costs
-// O(1); victims come off a heap of the slots built once per admission call.  Callers that pass no scores get LRU (the score is a tick counted per key, so a
-// batch behaves like its keys used one after another);
-// prescan callers pass minus the next use step, which turns the same order into "evict the
-// row whose next use is farthest away" (Belady within the plan window).
+// O(1); victims come off a heap of the slots built once per admission call.  Callers that pass no
+// scores get LRU (the score is a tick counted per key, so a batch behaves like its keys used one
+// after another); prescan callers pass minus the next use step, which turns the same order into
+// "evict the row whose next use is farthest away" (Belady within the plan window).
 #pragma once
 
 #include <cstddef>
@@ -61,8 +61,8 @@ class CacheMetadata {
 
   // For each of n keys that is resident: rows[slot] -= lr * (grads[i] / divisor) (see
   // sgd_row).  grads is n x rows.dim; keys must be unique.  Returns how many were updated.
-  int64_t sgd_resident(const int64_t* keys, size_t n, const float* grads, float lr,
-                       float divisor, const RowMatrix& rows) const;
+  int64_t sgd_resident(const int64_t* keys, size_t n, const float* grads, float lr, float divisor,
+                       const RowMatrix& rows) const;
 
   // Previous global update step: record that step `step` updated these keys, and read back
   // the last recorded step of each key (-1: never updated).
@@ -80,8 +80,8 @@ class CacheMetadata {
   absl::flat_hash_map<int64_t, int64_t> slot_of_;
   std::vector<int64_t> key_of_slot_;
   std::vector<int64_t> score_of_slot_;
-  std::vector<uint8_t> used_;                    // 1 where a slot holds a key
-  std::vector<int64_t> free_;                    // free slots, popped from the back
+  std::vector<uint8_t> used_;  // 1 where a slot holds a key
+  std::vector<int64_t> free_;  // free slots, popped from the back
   absl::flat_hash_map<int64_t, int64_t> last_update_;
 };
 

@@ -6,7 +6,14 @@ import pytest
 from gpu_cache.bypass import LowHitBypass
 from gpu_cache.controller import CachedRowReader
 from gpu_cache.plans import OnlinePlanner, PrescanPlanner
-from gpu_cache.tests.test_controller import DIM, LR, DictPS, OneRankComm, Updater, train_through
+from gpu_cache.tests.test_controller import (
+    DIM,
+    LR,
+    DictPS,
+    InstantCommits,
+    OneRankComm,
+    train_through,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +53,7 @@ def test_prescan_bypass_does_not_pin_rows():
     """A bypassed prescan read still refreshes the scores of its hits: rows whose planned next
     use has passed must stay evictable, or the hot set that follows is never admitted."""
     ps = DictPS()
-    up = Updater(ps)
+    up = InstantCommits(ps)
     k0 = np.arange(0, 64, dtype=np.int64)
     tr = [k0, np.arange(1000, 1064, dtype=np.int64), k0] + [
         np.arange(5000, 5064, dtype=np.int64)
@@ -72,7 +79,7 @@ def test_reader_bypasses_a_trace_without_reuse_and_stays_exact():
     """Fresh keys every step (no hit is possible), then a hot set: the reader bypasses during
     the cold phase, comes back through a probe, and every read equals the PS rows."""
     ps = DictPS()
-    up = Updater(ps)
+    up = InstantCommits(ps)
     cold = [np.arange(1000 + 50 * t, 1050 + 50 * t, dtype=np.int64) for t in range(24)]
     hot = [np.arange(0, 40, dtype=np.int64)] * 24
     reader = CachedRowReader(

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from cpu_dist.sparse.aggregation import Outgoing
 from gpu_cache._metadata import BagPipeCacheMetadata
 from gpu_cache.cache_sgd import best_effort_sgd, strict_sgd
 from gpu_cache.controller import CachedRowReader
@@ -43,18 +44,21 @@ class DictPS:
             self.rows[int(k)] = self._row(k) - np.float32(LR) * (g / np.float32(world))
 
 
-class Updater:
-    """Commits apply at once (the barrier case); tracks what the reader waited for."""
+class InstantCommits:
+    """gpu_cache.controller.Commits whose commits apply at once (the barrier case); tracks
+    what the reader waited for."""
 
     def __init__(self, ps):
-        self.ps, self.committed, self.payload_bytes, self.waits = ps, -1, 0, []
+        self.ps, self.committed, self.waits = ps, -1, []
 
     def submit(self, step, keys, grads, union=None, then=None):
         self.ps.apply(keys, grads)
-        self.last_reduced = (keys, grads)  # one worker: its gradients are the whole sum
         self.committed = step
+        # one worker: its gradients are the whole sum of the rows the step writes
+        out = Outgoing(keys, grads, written=keys, summed=grads)
         if then is not None:
-            then()
+            then(out)
+        return out
 
     def drain(self):
         pass
@@ -64,6 +68,9 @@ class Updater:
 
     def wait_applied(self, step):
         assert step <= self.committed, "staged a pull that no commit would ever allow"
+
+    def finish(self, last_step):
+        assert self.committed == last_step
 
 
 def train_through(reader, ps, tr, seed):
@@ -84,7 +91,7 @@ def trace(steps=30, seed=0):
 @pytest.mark.parametrize("prescan", [False, True])
 def test_reads_equal_ps_rows_under_eviction(prescan):
     ps = DictPS()
-    up = Updater(ps)
+    up = InstantCommits(ps)
     tr = trace()
     planner = PrescanPlanner(OneRankComm(), tr) if prescan else OnlinePlanner(OneRankComm())
     reader = CachedRowReader(
@@ -113,7 +120,7 @@ def test_staged_rows_take_the_step_update(aggregation):
     """The same 100 keys every step and room for 64: the rest are staged for the next step
     before this step's commit, and must be brought forward by this step's update."""
     ps = DictPS()
-    up = Updater(ps)
+    up = InstantCommits(ps)
     tr = [np.arange(100, dtype=np.int64)] * 6
     reader = CachedRowReader(
         ps,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cpu_dist.common.config import ConfigError, parse_args, validate
+from cpu_dist.common.flags import ConfigError, parse_args, validate
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -20,21 +20,18 @@ SEED_LINE = [
 
 
 def test_seed_example_line_validates():
-    args = parse_args(SEED_LINE)
-    validate(args, 3)
+    cfg = validate(parse_args(SEED_LINE), 3)
+    assert cfg.cache is not None
     assert (
-        args.read_mode,
-        args.optimization_prescan,
-        args.optimization_cache_capacity,
-        args.aggregation,
-        args.ps_type,
-    ) == ("bagpipe", True, 8192, "ps", "RDMA")
+        cfg.cache.prescan,
+        cfg.cache.capacity_units,
+        cfg.train.aggregation,
+        cfg.job.ps_type,
+    ) == (True, 8192, "ps", "RDMA")
 
 
 def test_default_is_uncached():
-    args = parse_args([])
-    validate(args, 3)
-    assert args.read_mode == "direct" and not args.optimization_prescan
+    assert validate(parse_args([]), 3).cache is None
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
     import subprocess
     import sys
 
-    from launch import ROOT
+    from .launch import ROOT
 
     token = tmp_path / "token"
     token.write_text("fault-token\n")

@@ -38,7 +38,7 @@ def make(root, step: int, write_manifest: bool = True) -> Manifest:
         num_shards=1,
         shards=[FileEntry("shard-00000-of-00001.bin", 10, 123, 1)],
         dense=dense,
-        config={"embedding_dim": 8, "dense_optimizer": "adamw"},
+        config={"model.embedding_dim": 8, "train.dense_optimizer": "adamw"},
     )
     if write_manifest:
         m.write(d)
@@ -58,8 +58,8 @@ def test_newest_complete_checkpoint_is_chosen(tmp_path):
         m,
         dim=8,
         table="embedding",
-        config={"embedding_dim": 8, "dense_optimizer": "adamw"},
-        must_match=("embedding_dim", "dense_optimizer"),
+        config={"model.embedding_dim": 8, "train.dense_optimizer": "adamw"},
+        must_match=("model.embedding_dim", "train.dense_optimizer"),
     )
     assert prune(tmp_path, 1) == [tmp_path / "step-00000004"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000009", "step-00000014"]
@@ -78,8 +78,8 @@ def test_every_problem_names_the_file(tmp_path):
             m,
             dim=8,
             table="embedding",
-            config={"dense_optimizer": "sgd"},
-            must_match=("dense_optimizer",),
+            config={"train.dense_optimizer": "sgd"},
+            must_match=("train.dense_optimizer",),
         )
     with pytest.raises(CheckpointError, match=f"{mf}: embedding dim 8, this job has dim 4"):
         check_matches(m, dim=4, table="embedding", config={}, must_match=())

@@ -1,24 +1,55 @@
 import pytest
 
-from cpu_dist.common.config import ConfigError, parse_args, parse_ps_list, validate
+from cpu_dist.common.config import ClientConfig, Config
+from cpu_dist.common.flags import (
+    ConfigError,
+    parse_args,
+    parse_ps_list,
+    setting_flag,
+    validate,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def check(argv, world):
+def check(argv, world) -> Config:
     args = parse_args(argv)
-    validate(args, world)
-    return args
+    before = dict(vars(args))
+    cfg = validate(args, world)
+    assert vars(args) == before  # validate reads the flags, it does not change them
+    return cfg
 
 
 def test_defaults_fill_in():
-    args = check([], 3)
-    assert args.worker_num == 2 and args.sparse_lr == args.lr
-    assert args.init_scale == pytest.approx(64**-0.5)
+    cfg = check([], 3)
+    assert cfg.job.worker_num == 2 and cfg.train.sparse_lr == cfg.train.lr
+    assert cfg.model.init_scale == pytest.approx(64**-0.5)
+    assert cfg.client == ClientConfig() and cfg.cache is None
+
+
+def test_the_default_bottom_mlp_ends_in_the_embedding_dim():
+    cfg = check(["--embedding-dim", "10"], 3)
+    assert cfg.model.bot_mlp == (512, 256, 10)
+
+
+def test_timeouts_are_flags_with_one_definition_each():
+    cfg = check(["--rpc-timeout", "7", "--barrier-timeout", "8", "--checkpoint-timeout", "9"], 3)
+    assert (cfg.client.rpc_timeout_s, cfg.job.barrier_timeout_s, cfg.checkpoint.timeout_s) == (
+        7,
+        8,
+        9,
+    )
+
+
+def test_settings_are_flat_json_and_name_their_flags():
+    s = check(["--arch-mlp-bot", "32-64"], 3).settings()
+    assert s["model.bot_mlp"] == [32, 64] and s["cache"] is None
+    assert setting_flag("model.bot_mlp") == "--arch-mlp-bot"
+    assert setting_flag("train.dense_optimizer") == "--dense-optimizer"
 
 
 def test_original_spellings_are_accepted():
-    args = check(
+    cfg = check(
         [
             "--worker_num",
             "4",
@@ -31,7 +62,7 @@ def test_original_spellings_are_accepted():
         ],
         6,
     )
-    assert (args.worker_num, args.max_step, args.aggregation) == (4, 7, "collective")
+    assert (cfg.job.worker_num, cfg.train.max_step, cfg.train.aggregation) == (4, 7, "collective")
 
 
 @pytest.mark.parametrize(
@@ -55,6 +86,8 @@ def test_original_spellings_are_accepted():
         (["--arch-mlp-top", "512-2"], 3, "must end with 1"),
         (["--arch-mlp-bot", "a-b"], 3, "--arch-mlp-bot 'a-b'"),
         (["--lr", "-1"], 3, "--lr -1.0"),
+        (["--barrier-timeout", "0"], 3, "--barrier-timeout 0.0"),
+        (["--checkpoint-timeout", "nan"], 3, "--checkpoint-timeout nan"),
         (["--ps_list", "host-without-port"], 3, "expected host:port"),
         (
             ["--worker-num", "1", "--ps_list", "a:1,b:2"],
@@ -72,6 +105,6 @@ def test_impossible_settings_name_the_flag(argv, world, needle, monkeypatch):
 
 
 def test_ps_list_parsing():
-    assert parse_ps_list("127.0.0.1:1, [::1]:2") == ["127.0.0.1:1", "[::1]:2"]
+    assert parse_ps_list("127.0.0.1:1, [::1]:2") == ("127.0.0.1:1", "[::1]:2")
     with pytest.raises(ConfigError):
         parse_ps_list("h:99999")

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from cpu_dist.common.sorted_keys import find_sorted
 from cpu_dist.data import Batch, fuse_criteo, fuse_synthetic, synthetic_offsets
-from cpu_dist.data.keys import check_criteo_hash_size, criteo_feature_of, find_sorted
+from cpu_dist.data.keys import check_criteo_hash_size, criteo_feature_of
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from cpu_dist.models import DLRM, ShardedEmbedding, build_dlrm, parse_mlp
-from cpu_dist.sparse.contracts import row_init
+from cpu_dist.common.contracts import row_init
+from cpu_dist.models import DLRM, ShardedEmbedding, build_dlrm
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -33,17 +33,6 @@ def _model(seed: int = 0, dtype=torch.float32) -> DLRM:
         seed=seed,
         dtype=dtype,
     )
-
-
-def test_parse_mlp():
-    assert parse_mlp("512-256-64") == [512, 256, 64]
-    assert parse_mlp("13-512-256-64", input_size=13) == [512, 256, 64]
-    assert parse_mlp("512-256-64", input_size=13) == [512, 256, 64]
-    assert parse_mlp("13", input_size=13) == [13]
-    assert parse_mlp(" 1 ") == [1]
-    for bad in ["", "512--64", "a-1", "0-1"]:
-        with pytest.raises(ValueError):
-            parse_mlp(bad)
 
 
 def test_structure_names_and_logit_shape():

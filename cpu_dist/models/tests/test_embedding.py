@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from cpu_dist.common.contracts import row_init
 from cpu_dist.models import ShardedEmbedding
-from cpu_dist.sparse.contracts import row_init
 
 pytestmark = pytest.mark.timeout(30)
 

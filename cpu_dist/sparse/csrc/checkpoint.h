@@ -1,18 +1,7 @@
 // A shard's checkpoint file: every row it holds, with its optimizer state and the committed
 // step, grouped by partition (hashing.h) so that a job with another shard count loads only
-// the partitions it owns from each file.  Format version 1, little-endian:
-//
-//   char     magic[8] = "CPUDPSCK"
-//   uint32   format_version, dim, shard_index, num_shards
-//   int64    step                      the last step whose updates the rows hold
-//   uint64   rows
-//   uint32   num_partitions (4096), table_len
-//   char     table[table_len]
-//   uint64   partition_rows[num_partitions]
-//   uint32   partition_crc[num_partitions]   zlib crc32 of the partition's block
-//   uint32   header_crc                      crc32 of every header byte before it
-//   blocks, partition 0 first, for partitions with rows: int64 keys[n],
-//            float32 values[n][dim], float32 state[n]   (keys ascending)
+// the partitions it owns from each file.  The layout is defined once, in checkpoint_format.h
+// (FixedHeader, FileHeader, encode_header / decode_header).
 //
 // The header checksum covers the partition checksums, so the manifest needs only the header
 // checksum and the size of each file.  Files are written to a temporary name, fsynced and
@@ -25,12 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_format.h"
 #include "grpcpp/support/status.h"
 #include "table.h"
 
 namespace cpu_dist::ps::ckpt {
-
-inline constexpr uint32_t kFormatVersion = 1;
 
 // A checkpoint that cannot be written or used; `code` is the gRPC status it maps to.
 class CheckpointError : public std::runtime_error {

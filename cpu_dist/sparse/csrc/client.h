@@ -1,43 +1,36 @@
 // Client of a set of PS shards.  Keys go to shards by cpu_dist::shard_of; each shard gets
 // `channels_per_shard` separate connections.  A pull deduplicates keys, splits them into
-// RPCs (at most max_keys_per_rpc keys, and large per-shard requests over several channels),
-// keeps all of them in flight on one completion queue, and decodes each reply straight
-// into the caller's array.  Pushes and commits can run asynchronously behind an AsyncOp.
+// RPCs (ShardSplit: at most max_keys_per_rpc keys, and large per-shard requests over several
+// channels), keeps all of them in flight at once, and decodes each reply straight into the
+// output rows.  Every update (push, commit) and pull_async runs asynchronously behind an
+// AsyncOp; the blocking push and commit are the asynchronous ones followed by a wait.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "grpcpp/channel.h"
-#include "grpcpp/client_context.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "optimizer.h"
 #include "ps.pb.h"
+#include "rpc_call.h"
+#include "shard_split.h"
 #include "table.h"
 
 namespace cpu_dist::ps {
 
-// A failed RPC: "shard I (ADDR): CODE: message".
-class RpcError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-// A wait that ran out of time (WaitCommitted, Handle.wait).
-class WaitTimeout : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
+// The one definition of the client's defaults: the Python binding builds its keyword
+// defaults (and _ps.client_defaults()) from a default-constructed ClientOptions.
 struct ClientOptions {
   std::vector<std::string> addresses;
   std::string token;
@@ -49,44 +42,21 @@ struct ClientOptions {
   int max_message_bytes = 64 << 20;
 };
 
-class AsyncOp;
-
-// One outstanding unary RPC over the generic (raw bytes) stub.
-struct Call {
-  uint32_t shard = 0;
-  uint32_t channel = 0;
-  const char* method = nullptr;
-  grpc::ByteBuffer request;
-  grpc::ByteBuffer response;
-  grpc::ClientContext ctx;
-  grpc::Status status;
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
-  // Decodes a successful reply; a non-OK result marks the call failed (malformed reply).
-  std::function<grpc::Status(Call&)> on_reply;
-  AsyncOp* op = nullptr;
+// Gradient rows of a push or commit: keys[n], grads[n][dim].  Read before the call returns.
+struct Gradients {
+  const int64_t* keys = nullptr;
+  const float* grads = nullptr;
+  size_t n = 0;
+  float lr = 0.0f;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
 };
-using Calls = std::vector<std::unique_ptr<Call>>;
 
-// The state behind a Python Handle: done when every call finished.
-class AsyncOp {
- public:
-  explicit AsyncOp(Calls calls, std::function<std::string(const Call&)> describe);
-  // True when done within timeout_s (< 0: forever).
-  bool wait(double timeout_s);
-  bool done();
-  // Empty when every call succeeded, else the first failed call (in call order) described.
-  std::string error();
-  Calls& calls() { return calls_; }
-  // Called by the completion thread; true when this was the last call.
-  bool finish_call(Call* c);
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  Calls calls_;
-  size_t remaining_;
-  std::string error_;
-  std::function<std::string(const Call&)> describe_;
+// Where a commit belongs: rank `rank` of `world_size`, step `step` of session `session`.
+struct CommitPoint {
+  uint64_t session = 0;
+  int64_t step = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
 };
 
 class PsClient {
@@ -102,17 +72,20 @@ class PsClient {
   uint32_t num_shards() const { return static_cast<uint32_t>(shards_.size()); }
   const std::vector<std::string>& addresses() const { return opts_.addresses; }
   uint32_t dim() const { return opts_.dim; }
+  double timeout_s() const { return opts_.timeout_s; }
+  TrafficCounts traffic() const { return traffic_.snapshot(); }
 
+  // Rows of keys[n] into out[n][dim]; blocking.
   void pull(const int64_t* keys, size_t n, float* out);
-  void push(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
-  std::shared_ptr<AsyncOp> push_async(const int64_t* keys, const float* grads, size_t n,
-                                      float lr, OptimizerKind opt);
-  void commit(uint64_t session, int64_t step, uint32_t rank, uint32_t world_size,
-              const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
-  std::shared_ptr<AsyncOp> commit_async(uint64_t session, int64_t step, uint32_t rank,
-                                        uint32_t world_size, const int64_t* keys,
-                                        const float* grads, size_t n, float lr,
-                                        OptimizerKind opt);
+  // The same into rows the op owns (AsyncOp::take_output once done): nothing is written
+  // into the caller's memory after this returns.
+  std::shared_ptr<AsyncOp> pull_async(const int64_t* keys, size_t n);
+  // Direct updates (benchmarks, tests, bulk loading); training uses commit.
+  std::shared_ptr<AsyncOp> push_async(const Gradients& g);
+  void push(const Gradients& g);
+  std::shared_ptr<AsyncOp> commit_async(const CommitPoint& at, const Gradients& g);
+  void commit(const CommitPoint& at, const Gradients& g);
+
   // Min committed step over shards once all reached `step`; WaitTimeout otherwise.
   int64_t wait_committed(uint64_t session, int64_t step, double timeout_s);
   int64_t committed_step(uint64_t session);
@@ -132,36 +105,53 @@ class PsClient {
                                  const std::vector<uint64_t>& sizes,
                                  const std::vector<uint32_t>& checksums, double timeout_s);
 
-  // Raises AsyncOp's error as RpcError (for Handle.wait).
-  static void raise_if_failed(AsyncOp& op);
-
  private:
   struct Shard {
     std::string address;
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
   };
+  // A pull's calls, and what completes it once every call succeeded (rows of repeated keys).
+  struct PullPlan {
+    Calls calls;
+    std::function<void()> finish;
+  };
+  // Called with the calls of call_every_shard when any failed; must throw.
+  using FailureHandler = std::function<void(const Calls&)>;
 
+  // ---- call plumbing (client.cc) ----
   Call& add_call(Calls& calls, uint32_t shard, uint32_t channel, const char* method);
-  // Runs calls to completion on a private completion queue; throws RpcError.
-  void run(Calls& calls, double timeout_s);
-  std::shared_ptr<AsyncOp> run_async(Calls calls);
+  Call& add_part_call(Calls& calls, const Part& part, const char* method, TrafficKind kind);
+  void start_call(Call& c, grpc::CompletionQueue* cq,
+                  std::chrono::system_clock::time_point deadline);
+  // Decodes a finished call's reply and counts its traffic: the one place both happen.
+  void settle(Call& c);
+  // Runs calls to completion on the caller's thread (a private completion queue).
+  void run_calls(Calls& calls, double timeout_s);
+  void throw_first_failure(const Calls& calls) const;  // RpcError, if any call failed
+  void run(Calls& calls, double timeout_s);            // run_calls, then throw_first_failure
+  // Starts calls on the shared completion thread; the op tracks them.
+  std::shared_ptr<AsyncOp> run_async(Calls calls, std::function<void()> on_success = {},
+                                     RowBuffer output = {});
   void async_loop();
   std::string describe(const Call& c) const;
-  size_t parts_for(size_t m) const;
+  SplitLimits limits() const;
   uint32_t next_channel_base() { return rr_.fetch_add(1, std::memory_order_relaxed); }
+  PullPlan plan_pull(const int64_t* keys, size_t n, float* out);
 
-  Calls build_push(const int64_t* keys, const float* grads, size_t n, float lr,
-                   OptimizerKind opt);
-  Calls build_commit(uint64_t session, int64_t step, uint32_t rank, uint32_t world_size,
-                     const int64_t* keys, const float* grads, size_t n, float lr,
-                     OptimizerKind opt);
-  // One small typed call per shard (Stats, Health, WaitCommitted, ...).
-  Calls one_per_shard(const char* method, const google::protobuf::MessageLite& req);
+  // ---- administration (client_admin.cc) ----
+  // One typed call per shard, make_request(s) being shard s's request; the replies in shard
+  // order.  On failure: on_failure(calls) if given, else RpcError for the first failed call.
+  template <class Reply, class MakeRequest>
+  std::vector<Reply> call_every_shard(const char* method, const MakeRequest& make_request,
+                                      double timeout_s, const FailureHandler& on_failure = {});
+  template <class Request>
+  Request with_token() const;
 
   const ClientOptions opts_;
   std::vector<Shard> shards_;
   std::atomic<uint32_t> rr_{0};
+  Traffic traffic_;
 
   grpc::CompletionQueue async_cq_;
   std::thread async_thread_;

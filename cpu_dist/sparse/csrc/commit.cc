@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "merge.h"
+#include "status_util.h"
 
 namespace cpu_dist::ps {
 
@@ -12,9 +13,9 @@ namespace {
 constexpr size_t kMaxClosedRemembered = 4096;
 
 grpc::Status closed_status(uint64_t session, int64_t committed) {
-  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                      absl::StrCat("session ", session, " is closed (committed step ", committed,
-                                   ")"));
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("session ", session, " is closed (committed step ", committed, ")"));
 }
 
 // A chunk for a closed session: a retry of a committed step is acknowledged, nothing else.
@@ -25,9 +26,8 @@ grpc::Status closed_reply(uint64_t session, int64_t step, int64_t final_step, in
 }
 
 bool same_chunk(const CommitChunk& a, const CommitChunk& b) {
-  return a.chunk_count == b.chunk_count &&
-         std::memcmp(&a.lr, &b.lr, sizeof(float)) == 0 && a.optimizer == b.optimizer &&
-         a.keys == b.keys && a.grads == b.grads;
+  return a.chunk_count == b.chunk_count && std::memcmp(&a.lr, &b.lr, sizeof(float)) == 0 &&
+         a.optimizer == b.optimizer && a.keys == b.keys && a.grads == b.grads;
 }
 }  // namespace
 
@@ -58,124 +58,152 @@ grpc::Status CommitSessions::find_or_create(uint64_t session, uint32_t world_siz
   return grpc::Status::OK;
 }
 
-grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_applied) {
+grpc::Status CommitSessions::validate(const CommitChunk& c) {
   using grpc::Status;
   using grpc::StatusCode;
-  *rows_applied = 0;
   if (c.world_size == 0)
     return Status(StatusCode::INVALID_ARGUMENT, "world_size must be >= 1, got 0");
   if (c.world_size > kMaxWorldSize)
-    return Status(StatusCode::INVALID_ARGUMENT, absl::StrCat("world_size ", c.world_size,
-                                                             " exceeds ", kMaxWorldSize));
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  absl::StrCat("world_size ", c.world_size, " exceeds ", kMaxWorldSize));
   if (c.rank >= c.world_size)
     return Status(StatusCode::INVALID_ARGUMENT,
                   absl::StrCat("rank ", c.rank, " out of range for world_size ", c.world_size));
   if (c.chunk_count == 0)
     return Status(StatusCode::INVALID_ARGUMENT, "chunk_count must be >= 1, got 0");
   if (c.chunk_count > kMaxChunkCount)
-    return Status(StatusCode::INVALID_ARGUMENT, absl::StrCat("chunk_count ", c.chunk_count,
-                                                             " exceeds ", kMaxChunkCount));
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  absl::StrCat("chunk_count ", c.chunk_count, " exceeds ", kMaxChunkCount));
   if (c.chunk_index >= c.chunk_count)
     return Status(StatusCode::INVALID_ARGUMENT,
                   absl::StrCat("chunk_index ", c.chunk_index, " out of range for chunk_count ",
                                c.chunk_count));
   if (c.step < 0)
     return Status(StatusCode::INVALID_ARGUMENT, absl::StrCat("step must be >= 0, got ", c.step));
+  return Status::OK;
+}
 
+grpc::Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_applied) {
+  *rows_applied = 0;
+  PS_RETURN_IF_ERROR(validate(c));
   const uint64_t session = c.session;
   const int64_t step = c.step;
   std::shared_ptr<Session> sp;
   int64_t closed_at = -1;
-  Status found = find_or_create(session, c.world_size, &sp, &closed_at);
-  if (!found.ok()) return found;
+  PS_RETURN_IF_ERROR(find_or_create(session, c.world_size, &sp, &closed_at));
   if (sp == nullptr) return closed_reply(session, step, closed_at, committed);
   Session& s = *sp;
-  int64_t now_committed;
+  grpc::Status applied_status;
   bool applied = false;
-  Status failure;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    const int64_t cur = s.committed.load();
-    if (s.dropped) return closed_reply(session, step, cur, committed);  // close() won the race
-    if (!s.failed.ok()) return s.failed;
-    if (c.world_size != s.world_size)
-      return Status(StatusCode::INVALID_ARGUMENT,
-                    absl::StrCat("world_size ", c.world_size, " does not match session ", session,
-                                 " world_size ", s.world_size));
-    if (c.step <= cur) {  // a retry of a committed step: acknowledged, nothing re-applied
-      *committed = cur;
-      return Status::OK;
+    if (s.dropped)  // close() won the race
+      return closed_reply(session, step, s.committed.load(), committed);
+    Stored stored;
+    PS_RETURN_IF_ERROR(store(s, std::move(c), &stored));
+    if (stored == Stored::kStepComplete) {
+      applied_status = apply_step(s, session, step, rows_applied);
+      applied = applied_status.ok();
     }
-    if (c.step > cur + 1)
-      return Status(StatusCode::FAILED_PRECONDITION,
-                    absl::StrCat("out-of-order step ", c.step, " for session ", session,
-                                 ": committed step is ", cur, ", expected ", cur + 1));
-    auto rit = s.ranks.find(c.rank);
-    RankSlot* slot = rit != s.ranks.end() ? &rit->second : nullptr;
-    if (slot != nullptr && slot->chunk_count != c.chunk_count)
-      return Status(StatusCode::INVALID_ARGUMENT,
-                    absl::StrCat("chunk_count ", c.chunk_count, " differs from chunk_count ",
-                                 slot->chunk_count, " of session ", session, " step ", c.step,
-                                 " rank ", c.rank));
-    auto cit = slot != nullptr ? slot->chunks.find(c.chunk_index)
-                               : std::map<uint32_t, CommitChunk>::iterator{};
-    if (slot != nullptr && cit != slot->chunks.end()) {
-      if (!same_chunk(cit->second, c))
-        return Status(StatusCode::ABORTED,
-                      absl::StrCat("conflicting retry of session ", session, " step ", c.step,
-                                   " rank ", c.rank, " chunk ", c.chunk_index));
-      *committed = cur;
-      return Status::OK;
-    }
-    if (s.has_pending && (std::memcmp(&s.lr, &c.lr, sizeof(float)) != 0 ||
-                          s.optimizer != c.optimizer))
-      return Status(StatusCode::INVALID_ARGUMENT,
-                    absl::StrCat("lr ", c.lr, " / optimizer ", optimizer_name(c.optimizer),
-                                 " differ from lr ", s.lr, " / optimizer ",
-                                 optimizer_name(s.optimizer), " of session ", session,
-                                 " step ", c.step));
-    // Accepted: store it.
-    if (!s.has_pending) {
-      s.has_pending = true;
-      s.lr = c.lr;
-      s.optimizer = c.optimizer;
-    }
-    if (slot == nullptr) {
-      slot = &s.ranks[c.rank];
-      slot->chunk_count = c.chunk_count;
-    }
-    const uint32_t idx = c.chunk_index;
-    slot->chunks.emplace(idx, std::move(c));
-    if (slot->chunks.size() == slot->chunk_count) ++s.complete_ranks;
-    if (s.complete_ranks == s.world_size) {
-      // table.apply is all or nothing, so a throw means the step left no trace.
-      try {
-        *rows_applied = apply_pending(s);
-        s.committed.store(cur + 1);
-        applied = true;
-      } catch (const TableFull& e) {
-        failure = Status(StatusCode::RESOURCE_EXHAUSTED,
-                         absl::StrCat("session ", session, " step ", step,
-                                      " was not applied and the session failed: ", e.what()));
-      } catch (const std::exception& e) {
-        failure = Status(StatusCode::INTERNAL,
-                         absl::StrCat("session ", session, " step ", step,
-                                      " was not applied and the session failed: ", e.what()));
-      }
-      if (!failure.ok()) {
-        s.failed = failure;
-        s.ranks.clear();  // nothing will ever apply them
-      }
-    }
-    now_committed = s.committed.load();
+    *committed = s.committed.load();
   }
-  if (!failure.ok()) {
-    fail_waiters(session, failure);
-    return failure;
+  if (!applied_status.ok()) {
+    fail_waiters(session, applied_status);
+    return applied_status;
   }
-  *committed = now_committed;
-  if (applied) notify(session, now_committed);
+  if (applied) notify(session, *committed);
+  return grpc::Status::OK;
+}
+
+grpc::Status CommitSessions::store(Session& s, CommitChunk&& c, Stored* out) {
+  *out = Stored::kAcknowledged;
+  PS_RETURN_IF_ERROR(check_step(s, c));
+  if (c.step <= s.committed.load()) return grpc::Status::OK;  // a committed step's retry
+  auto rit = s.ranks.find(c.rank);
+  RankSlot* slot = rit != s.ranks.end() ? &rit->second : nullptr;
+  bool retry = false;
+  PS_RETURN_IF_ERROR(check_chunk(s, slot, c, &retry));
+  if (retry) return grpc::Status::OK;  // an identical retry of a pending chunk
+  if (!s.has_pending) {                // the step's first chunk fixes its lr and optimizer
+    s.has_pending = true;
+    s.lr = c.lr;
+    s.optimizer = c.optimizer;
+  }
+  if (slot == nullptr) {
+    slot = &s.ranks[c.rank];
+    slot->chunk_count = c.chunk_count;
+  }
+  const uint32_t idx = c.chunk_index;
+  slot->chunks.emplace(idx, std::move(c));
+  if (slot->chunks.size() == slot->chunk_count) ++s.complete_ranks;
+  *out = s.complete_ranks == s.world_size ? Stored::kStepComplete : Stored::kPending;
+  return grpc::Status::OK;
+}
+
+grpc::Status CommitSessions::check_step(const Session& s, const CommitChunk& c) {
+  using grpc::Status;
+  using grpc::StatusCode;
+  if (!s.failed.ok()) return s.failed;
+  if (c.world_size != s.world_size)
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  absl::StrCat("world_size ", c.world_size, " does not match session ", c.session,
+                               " world_size ", s.world_size));
+  const int64_t cur = s.committed.load();
+  if (c.step > cur + 1)
+    return Status(StatusCode::FAILED_PRECONDITION,
+                  absl::StrCat("out-of-order step ", c.step, " for session ", c.session,
+                               ": committed step is ", cur, ", expected ", cur + 1));
   return Status::OK;
+}
+
+grpc::Status CommitSessions::check_chunk(const Session& s, const RankSlot* slot,
+                                         const CommitChunk& c, bool* retry) {
+  using grpc::Status;
+  using grpc::StatusCode;
+  if (slot != nullptr && slot->chunk_count != c.chunk_count)
+    return Status(
+        StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("chunk_count ", c.chunk_count, " differs from chunk_count ", slot->chunk_count,
+                     " of session ", c.session, " step ", c.step, " rank ", c.rank));
+  const auto stored = slot != nullptr ? slot->chunks.find(c.chunk_index)
+                                      : std::map<uint32_t, CommitChunk>::const_iterator{};
+  if (slot != nullptr && stored != slot->chunks.end()) {
+    *retry = same_chunk(stored->second, c);
+    return *retry ? Status::OK
+                  : Status(StatusCode::ABORTED,
+                           absl::StrCat("conflicting retry of session ", c.session, " step ",
+                                        c.step, " rank ", c.rank, " chunk ", c.chunk_index));
+  }
+  if (s.has_pending &&
+      (std::memcmp(&s.lr, &c.lr, sizeof(float)) != 0 || s.optimizer != c.optimizer))
+    return Status(
+        StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("lr ", c.lr, " / optimizer ", optimizer_name(c.optimizer), " differ from lr ",
+                     s.lr, " / optimizer ", optimizer_name(s.optimizer), " of session ", c.session,
+                     " step ", c.step));
+  return Status::OK;
+}
+
+grpc::Status CommitSessions::apply_step(Session& s, uint64_t session, int64_t step,
+                                        size_t* rows_applied) {
+  // table.apply is all or nothing, so a throw means the step left no trace.
+  grpc::StatusCode code;
+  std::string why;
+  try {
+    *rows_applied = apply_pending(s);
+    s.committed.store(step);
+    return grpc::Status::OK;
+  } catch (const TableFull& e) {
+    code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+    why = e.what();
+  } catch (const std::exception& e) {
+    code = grpc::StatusCode::INTERNAL;
+    why = e.what();
+  }
+  s.failed = grpc::Status(code, absl::StrCat("session ", session, " step ", step,
+                                             " was not applied and the session failed: ", why));
+  s.ranks.clear();  // nothing will ever apply them
+  return s.failed;
 }
 
 size_t CommitSessions::apply_pending(Session& s) {

@@ -103,9 +103,27 @@ class CommitSessions {
     WaitCallback done;
   };
 
+  // What store() made of a chunk.
+  enum class Stored { kAcknowledged, kPending, kStepComplete };
+
+  // The chunk's own fields, before any state is looked at.
+  static grpc::Status validate(const CommitChunk& c);
+  // Caller holds s.mu.  Takes the chunk into the pending step (kPending, or kStepComplete
+  // when it was the last one missing), acknowledges a retry (kAcknowledged), or refuses it.
+  grpc::Status store(Session& s, CommitChunk&& c, Stored* out);
+  // Refusals that need the session but not the rank: a failed session, another
+  // world_size, a step past the pending one.
+  static grpc::Status check_step(const Session& s, const CommitChunk& c);
+  // Refusals that need the rank's slot: another chunk_count, a conflicting retry of a stored
+  // chunk, another lr or optimizer than the pending step's.  *retry: an identical retry.
+  static grpc::Status check_chunk(const Session& s, const RankSlot* slot, const CommitChunk& c,
+                                  bool* retry);
+  // Caller holds s.mu; every rank's chunks are in.  Applies the step, or fails the session.
+  grpc::Status apply_step(Session& s, uint64_t session, int64_t step, size_t* rows_applied);
+
   // *out is null (and *closed_at its final step) when the session was closed and dropped.
-  grpc::Status find_or_create(uint64_t session, uint32_t world_size,
-                              std::shared_ptr<Session>* out, int64_t* closed_at);
+  grpc::Status find_or_create(uint64_t session, uint32_t world_size, std::shared_ptr<Session>* out,
+                              int64_t* closed_at);
   // Committed step, and non-OK when the session is closed or failed.
   grpc::Status state(uint64_t session, int64_t* committed) const;
   size_t apply_pending(Session& s);  // caller holds s.mu; every chunk is present

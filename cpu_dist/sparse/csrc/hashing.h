@@ -1,5 +1,5 @@
 // The two hash contracts of cpu_dist, shared by server and client.  Their Python twins
-// live in cpu_dist/sparse/contracts.py and are tested against these bit for bit.
+// live in cpu_dist/common/contracts.py and are tested against these bit for bit.
 //
 //  mix64(x)            : the splitmix64 finalizer (Steele, Lea, Flood 2014).
 //  row_init(seed,k,c,s): first-touch value of column c of row k.
@@ -34,8 +34,7 @@ inline float row_init(uint64_t seed, int64_t key, uint32_t column, float scale) 
 }
 
 inline uint32_t partition_of(int64_t key) {
-  return static_cast<uint32_t>(mix64(static_cast<uint64_t>(key) ^ kPartitionSalt) %
-                               kNumPartitions);
+  return static_cast<uint32_t>(mix64(static_cast<uint64_t>(key) ^ kPartitionSalt) % kNumPartitions);
 }
 
 inline uint32_t shard_of(int64_t key, uint32_t num_shards) {

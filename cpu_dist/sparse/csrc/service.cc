@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "checkpoint.h"
 #include "merge.h"
+#include "status_util.h"
 #include "wire.h"
 
 namespace cpu_dist::ps {
@@ -20,15 +22,23 @@ using grpc::StatusCode;
 
 namespace {
 
-Status invalid(std::string msg) { return Status(StatusCode::INVALID_ARGUMENT, std::move(msg)); }
-
 template <class Msg>
 Status parse_request(const grpc::ByteBuffer& bb, Msg* m) {
   if (!wire::parse(bb, m))
-    return invalid(absl::StrCat("malformed ", m->GetTypeName(), ": ",
-                                bb.Valid() ? bb.Length() : 0, " bytes do not parse"));
+    return invalid(absl::StrCat("malformed ", m->GetTypeName(), ": ", bb.Valid() ? bb.Length() : 0,
+                                " bytes do not parse"));
   return Status::OK;
 }
+
+// Whether a request message has a table / a dim field (the preamble checks them if so).
+template <class M, class = void>
+struct HasTable : std::false_type {};
+template <class M>
+struct HasTable<M, std::void_t<decltype(std::declval<const M&>().table())>> : std::true_type {};
+template <class M, class = void>
+struct HasDim : std::false_type {};
+template <class M>
+struct HasDim<M, std::void_t<decltype(std::declval<const M&>().dim())>> : std::true_type {};
 
 uint64_t resident_bytes() {
   std::FILE* f = std::fopen("/proc/self/statm", "r");
@@ -119,16 +129,15 @@ Status PsService::check_dim(uint32_t dim) const {
   return Status::OK;
 }
 
-Status PsService::check_rows(const std::string& keys, const std::string* grads,
-                             size_t* n) const {
+Status PsService::check_rows(const std::string& keys, const std::string* grads, size_t* n) const {
   if (keys.size() % sizeof(int64_t) != 0)
     return invalid(absl::StrCat("keys has ", keys.size(), " bytes, not a multiple of 8"));
   *n = keys.size() / sizeof(int64_t);
   if (grads != nullptr) {
     const uint64_t want = static_cast<uint64_t>(*n) * opts_.dim * sizeof(float);
     if (grads->size() != want)
-      return invalid(absl::StrCat("grads has ", grads->size(), " bytes, expected ", want, " (",
-                                  *n, " keys x dim ", opts_.dim, " x 4)"));
+      return invalid(absl::StrCat("grads has ", grads->size(), " bytes, expected ", want, " (", *n,
+                                  " keys x dim ", opts_.dim, " x 4)"));
   }
   return Status::OK;
 }
@@ -145,20 +154,92 @@ Status PsService::check_update(float lr, int optimizer, OptimizerKind* kind) con
   return Status::OK;
 }
 
-#define PS_RETURN_IF_ERROR(expr) \
-  do {                           \
-    Status _st = (expr);         \
-    if (!_st.ok()) return _st;   \
-  } while (0)
+// ---- the shared preamble ---------------------------------------------------------------
+
+template <class Req>
+Status PsService::admit(const BB& req, Req* r) const {
+  PS_RETURN_IF_ERROR(parse_request(req, r));
+  PS_RETURN_IF_ERROR(check_token(r->token()));
+  if constexpr (HasTable<Req>::value) PS_RETURN_IF_ERROR(check_table(r->table()));
+  if constexpr (HasDim<Req>::value) PS_RETURN_IF_ERROR(check_dim(r->dim()));
+  return Status::OK;
+}
+
+template <class Req>
+PsService::R* PsService::handle(Ctx* ctx, const BB* req, BB* resp,
+                                Status (PsService::*body)(Req&, BB*)) {
+  Req r;
+  Status st = admit(*req, &r);
+  if (st.ok()) st = (this->*body)(r, resp);
+  return finish(ctx, req, resp, std::move(st));
+}
+
+PsService::R* PsService::finish(Ctx* ctx, const BB* req, const BB* resp, Status status) {
+  counters_.bytes_in.fetch_add(req->Valid() ? req->Length() : 0, std::memory_order_relaxed);
+  if (status.ok()) {
+    counters_.bytes_out.fetch_add(resp->Valid() ? resp->Length() : 0, std::memory_order_relaxed);
+  } else {
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  R* r = ctx->DefaultReactor();
+  r->Finish(std::move(status));
+  return r;
+}
+
+PsService::R* PsService::Pull(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_pull);
+}
+PsService::R* PsService::Push(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_push);
+}
+PsService::R* PsService::Commit(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_commit);
+}
+PsService::R* PsService::CloseSession(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_close);
+}
+PsService::R* PsService::Stats(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_stats);
+}
+PsService::R* PsService::Health(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_health);
+}
+PsService::R* PsService::Dump(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_dump);
+}
+PsService::R* PsService::Shutdown(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_shutdown);
+}
+PsService::R* PsService::Save(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_save);
+}
+PsService::R* PsService::Load(Ctx* ctx, const BB* req, BB* resp) {
+  return handle(ctx, req, resp, &PsService::do_load);
+}
+
+// A long poll, not a unary handle(): the reply comes from a commit, the sweeper or a cancel.
+PsService::R* PsService::WaitCommitted(Ctx* ctx, const BB* req, BB* resp) {
+  WaitCommittedRequest r;
+  Status st = admit(*req, &r);
+  if (!st.ok()) return finish(ctx, req, resp, std::move(st));
+  counters_.bytes_in.fetch_add(req->Length(), std::memory_order_relaxed);
+  // Answer a little before the caller's deadline so that it gets a reply, not
+  // DEADLINE_EXCEEDED; calls without a deadline wait at most ten minutes.
+  const auto now_sys = std::chrono::system_clock::now();
+  auto remaining = ctx->deadline() - now_sys;
+  if (remaining > std::chrono::minutes(10)) remaining = std::chrono::minutes(10);
+  remaining -= std::min<decltype(remaining)>(remaining / 10, std::chrono::milliseconds(50));
+  const auto deadline = CommitSessions::Clock::now() +
+                        std::chrono::duration_cast<CommitSessions::Clock::duration>(remaining);
+  // gRPC's reactor protocol: the method returns a raw reactor, which deletes itself in OnDone.
+  auto* reactor = new WaitReactor(sessions_, resp);
+  reactor->start(r.session(), r.step(), deadline);
+  return reactor;
+}
 
 // ---- methods --------------------------------------------------------------------------
 
-Status PsService::do_pull(const BB& req, BB* resp) {
-  PullRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
-  PS_RETURN_IF_ERROR(check_table(r.table()));
-  PS_RETURN_IF_ERROR(check_dim(r.dim()));
+Status PsService::do_pull(PullRequest& r, BB* resp) {
   size_t n = 0;
   PS_RETURN_IF_ERROR(check_rows(r.keys(), nullptr, &n));
   counters_.pull_calls.fetch_add(1, std::memory_order_relaxed);
@@ -167,27 +248,23 @@ Status PsService::do_pull(const BB& req, BB* resp) {
     wire::alloc_buffer(0, resp);
     return Status::OK;
   }
-  // PullResponse by hand: field 1 header, then the rows gathered straight into the buffer.
-  // Refused before allocating when gRPC would refuse to send it anyway.
+  // PullResponse by hand: the values field's header, then the rows gathered straight into
+  // the buffer.  Refused before allocating when gRPC would refuse to send it anyway.
+  constexpr int kValues = PullResponse::kValuesFieldNumber;
   const size_t payload = n * opts_.dim * sizeof(float);
-  const size_t reply_bytes = wire::bytes_field_size(payload);
+  const size_t reply_bytes = wire::bytes_field_size(kValues, payload);
   if (reply_bytes > static_cast<size_t>(opts_.max_message_bytes))
-    return Status(StatusCode::RESOURCE_EXHAUSTED,
-                  absl::StrCat("Pull reply of ", reply_bytes, " bytes (", n, " keys x dim ",
-                               opts_.dim, " x 4) exceeds max_message_bytes ",
-                               opts_.max_message_bytes));
+    return Status(
+        StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("Pull reply of ", reply_bytes, " bytes (", n, " keys x dim ", opts_.dim,
+                     " x 4) exceeds max_message_bytes ", opts_.max_message_bytes));
   uint8_t* p = wire::alloc_buffer(reply_bytes, resp);
-  p = wire::put_bytes_header(1, payload, p);
+  p = wire::put_bytes_header(kValues, payload, p);
   table_.gather(reinterpret_cast<const int64_t*>(r.keys().data()), n, p);
   return Status::OK;
 }
 
-Status PsService::do_push(const BB& req, BB* resp) {
-  PushRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
-  PS_RETURN_IF_ERROR(check_table(r.table()));
-  PS_RETURN_IF_ERROR(check_dim(r.dim()));
+Status PsService::do_push(PushRequest& r, BB* resp) {
   size_t n = 0;
   PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n));
   OptimizerKind kind;
@@ -210,12 +287,7 @@ Status PsService::do_push(const BB& req, BB* resp) {
   return Status::OK;
 }
 
-Status PsService::do_commit(const BB& req, BB* resp) {
-  CommitRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
-  PS_RETURN_IF_ERROR(check_table(r.table()));
-  PS_RETURN_IF_ERROR(check_dim(r.dim()));
+Status PsService::do_commit(CommitRequest& r, BB* resp) {
   size_t n = 0;
   PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n));
   CommitChunk c;
@@ -240,10 +312,7 @@ Status PsService::do_commit(const BB& req, BB* resp) {
   return Status::OK;
 }
 
-Status PsService::do_close(const BB& req, BB* resp) {
-  CloseSessionRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
+Status PsService::do_close(CloseSessionRequest& r, BB* resp) {
   int64_t committed = -1;
   PS_RETURN_IF_ERROR(sessions_.close(r.session(), r.rank(), &committed));
   CloseSessionResponse out;
@@ -272,18 +341,12 @@ StatsResponse PsService::stats() const {
   return s;
 }
 
-Status PsService::do_stats(const BB& req, BB* resp) {
-  StatsRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
+Status PsService::do_stats(StatsRequest&, BB* resp) {
   wire::serialize(stats(), resp);
   return Status::OK;
 }
 
-Status PsService::do_health(const BB& req, BB* resp) {
-  HealthRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
+Status PsService::do_health(HealthRequest&, BB* resp) {
   HealthResponse out;
   out.set_serving(true);
   out.set_shard_index(opts_.shard_index);
@@ -294,205 +357,23 @@ Status PsService::do_health(const BB& req, BB* resp) {
   return Status::OK;
 }
 
-Status PsService::do_dump(const BB& req, BB* resp) {
-  DumpRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
-  PS_RETURN_IF_ERROR(check_table(r.table()));
+Status PsService::do_dump(DumpRequest&, BB* resp) {
   const TableDump d = table_.dump();
-  DumpResponse head;
-  wire::serialize_with_payloads(
-      head,
-      {{1, d.keys.data(), d.keys.size() * sizeof(int64_t)},
-       {2, d.values.data(), d.values.size() * sizeof(float)},
-       {3, d.state.data(), d.state.size() * sizeof(float)}},
-      resp);
+  wire::serialize_with_payloads<3>(DumpResponse(),
+                                   {wire::Payload{DumpResponse::kKeysFieldNumber, d.keys.data(),
+                                                  d.keys.size() * sizeof(int64_t)},
+                                    wire::Payload{DumpResponse::kValuesFieldNumber, d.values.data(),
+                                                  d.values.size() * sizeof(float)},
+                                    wire::Payload{DumpResponse::kStateFieldNumber, d.state.data(),
+                                                  d.state.size() * sizeof(float)}},
+                                   resp);
   return Status::OK;
 }
 
-Status PsService::do_shutdown(const BB& req, BB* resp) {
-  ShutdownRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
+Status PsService::do_shutdown(ShutdownRequest&, BB* resp) {
   wire::serialize(ShutdownResponse(), resp);
   on_shutdown_();
   return Status::OK;
-}
-
-// ---- checkpoints ----------------------------------------------------------------------
-
-Status PsService::checkpoint_path(const std::string& rel, std::string* full) const {
-  if (opts_.checkpoint_dir.empty())
-    return Status(StatusCode::FAILED_PRECONDITION,
-                  "this shard has no checkpoint directory (start it with one)");
-  if (rel.empty() || rel.size() > 1024 || rel.front() == '/' ||
-      rel.find('\0') != std::string::npos)
-    return invalid(absl::StrCat("checkpoint path '", rel,
-                                "' must be a relative path inside the checkpoint directory"));
-  for (absl::string_view part : absl::StrSplit(rel, '/'))
-    if (part.empty() || part == "." || part == "..")
-      return invalid(absl::StrCat("checkpoint path '", rel,
-                                  "' must be a relative path inside the checkpoint directory"));
-  *full = absl::StrCat(opts_.checkpoint_dir, "/", rel);
-  return Status::OK;
-}
-
-Status PsService::do_save(const BB& req, BB* resp) {
-  SaveRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
-  PS_RETURN_IF_ERROR(check_table(r.table()));
-  std::string path;
-  PS_RETURN_IF_ERROR(checkpoint_path(r.path(), &path));
-  if (r.check_session()) {
-    const int64_t committed = sessions_.committed(r.session());
-    if (committed != r.session_step())
-      return Status(StatusCode::FAILED_PRECONDITION,
-                    absl::StrCat("session ", r.session(), " has committed step ", committed,
-                                 ", not ", r.session_step(), ": not at the step boundary"));
-  }
-  ckpt::ShardMeta meta{opts_.table, opts_.dim, opts_.shard_index, opts_.num_shards, r.step()};
-  ckpt::SaveResult res;
-  try {
-    res = ckpt::save_shard(table_, meta, path);
-  } catch (const ckpt::CheckpointError& e) {
-    return Status(e.code(), e.what());
-  } catch (const std::exception& e) {
-    return Status(StatusCode::INTERNAL, absl::StrCat("checkpoint ", path, ": ", e.what()));
-  }
-  SaveResponse out;
-  out.set_rows(res.rows);
-  out.set_bytes(res.bytes);
-  out.set_checksum(res.checksum);
-  wire::serialize(out, resp);
-  return Status::OK;
-}
-
-Status PsService::do_load(const BB& req, BB* resp) {
-  LoadRequest r;
-  PS_RETURN_IF_ERROR(parse_request(req, &r));
-  PS_RETURN_IF_ERROR(check_token(r.token()));
-  PS_RETURN_IF_ERROR(check_table(r.table()));
-  const LoadStage stage = r.stage();
-  if (stage == LoadStage::ABORT || stage == LoadStage::COMMIT) {
-    std::lock_guard<std::mutex> lock(load_mu_);
-    std::unique_ptr<ckpt::LoadedRows> rows = std::move(prepared_);
-    LoadResponse out;
-    if (stage == LoadStage::COMMIT) {
-      if (!rows) return Status(StatusCode::FAILED_PRECONDITION, "COMMIT without a PREPARE");
-      if (sessions_.live_sessions() != 0)
-        return Status(StatusCode::FAILED_PRECONDITION,
-                      "a commit session is open: load a checkpoint before training starts");
-      table_.adopt(*rows->staged);  // cannot fail
-      out.set_rows(rows->n);
-      out.set_step(rows->step);
-    }
-    wire::serialize(out, resp);
-    return Status::OK;
-  }
-  if (stage != LoadStage::LOAD && stage != LoadStage::PREPARE)
-    return invalid(absl::StrCat("unknown load stage ", static_cast<int>(stage)));
-  const int n = r.paths_size();
-  if (n == 0) return invalid("no checkpoint files to load");
-  const bool checked = r.sizes_size() != 0 || r.checksums_size() != 0;
-  if (checked && (r.sizes_size() != n || r.checksums_size() != n))
-    return invalid(absl::StrCat(n, " paths but ", r.sizes_size(), " sizes and ",
-                                r.checksums_size(), " checksums"));
-  std::vector<ckpt::FileSpec> files(n);
-  for (int i = 0; i < n; ++i) {
-    PS_RETURN_IF_ERROR(checkpoint_path(r.paths(i), &files[i].path));
-    if (checked) {
-      if (r.sizes(i) == 0) return invalid(absl::StrCat("size 0 for ", r.paths(i)));
-      files[i].bytes = r.sizes(i);
-      files[i].checksum = r.checksums(i);
-    }
-  }
-  if (sessions_.live_sessions() != 0)
-    return Status(StatusCode::FAILED_PRECONDITION,
-                  "a commit session is open: load a checkpoint before training starts");
-  std::lock_guard<std::mutex> lock(load_mu_);  // one load at a time
-  prepared_.reset();
-  auto rows = std::make_unique<ckpt::LoadedRows>();
-  try {
-    *rows = ckpt::load_for_shard(files, opts_.table, table_, opts_.shard_index,
-                                 opts_.num_shards);
-    if (stage == LoadStage::LOAD) table_.adopt(*rows->staged);
-  } catch (const ckpt::CheckpointError& e) {
-    return Status(e.code(), e.what());
-  } catch (const std::exception& e) {
-    return Status(StatusCode::RESOURCE_EXHAUSTED, absl::StrCat("checkpoint: ", e.what()));
-  }
-  LoadResponse out;
-  out.set_rows(rows->n);
-  out.set_step(rows->step);
-  if (stage == LoadStage::PREPARE) prepared_ = std::move(rows);
-  wire::serialize(out, resp);
-  return Status::OK;
-}
-
-// ---- plumbing -------------------------------------------------------------------------
-
-PsService::R* PsService::finish(Ctx* ctx, const BB* req, const BB* resp, Status status) {
-  counters_.bytes_in.fetch_add(req->Valid() ? req->Length() : 0, std::memory_order_relaxed);
-  if (status.ok()) {
-    counters_.bytes_out.fetch_add(resp->Valid() ? resp->Length() : 0,
-                                  std::memory_order_relaxed);
-  } else {
-    counters_.errors.fetch_add(1, std::memory_order_relaxed);
-  }
-  R* r = ctx->DefaultReactor();
-  r->Finish(std::move(status));
-  return r;
-}
-
-PsService::R* PsService::Pull(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_pull(*req, resp));
-}
-PsService::R* PsService::Push(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_push(*req, resp));
-}
-PsService::R* PsService::Commit(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_commit(*req, resp));
-}
-PsService::R* PsService::CloseSession(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_close(*req, resp));
-}
-PsService::R* PsService::Stats(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_stats(*req, resp));
-}
-PsService::R* PsService::Health(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_health(*req, resp));
-}
-PsService::R* PsService::Dump(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_dump(*req, resp));
-}
-PsService::R* PsService::Shutdown(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_shutdown(*req, resp));
-}
-PsService::R* PsService::Save(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_save(*req, resp));
-}
-PsService::R* PsService::Load(Ctx* ctx, const BB* req, BB* resp) {
-  return finish(ctx, req, resp, do_load(*req, resp));
-}
-
-PsService::R* PsService::WaitCommitted(Ctx* ctx, const BB* req, BB* resp) {
-  WaitCommittedRequest r;
-  Status st = parse_request(*req, &r);
-  if (st.ok()) st = check_token(r.token());
-  if (!st.ok()) return finish(ctx, req, resp, std::move(st));
-  counters_.bytes_in.fetch_add(req->Length(), std::memory_order_relaxed);
-  // Answer a little before the caller's deadline so that it gets a reply, not
-  // DEADLINE_EXCEEDED; calls without a deadline wait at most ten minutes.
-  const auto now_sys = std::chrono::system_clock::now();
-  auto remaining = ctx->deadline() - now_sys;
-  if (remaining > std::chrono::minutes(10)) remaining = std::chrono::minutes(10);
-  remaining -= std::min<decltype(remaining)>(remaining / 10, std::chrono::milliseconds(50));
-  const auto deadline = CommitSessions::Clock::now() +
-                        std::chrono::duration_cast<CommitSessions::Clock::duration>(remaining);
-  auto* reactor = new WaitReactor(sessions_, resp);  // deleted by itself in OnDone
-  reactor->start(r.session(), r.step(), deadline);
-  return reactor;
 }
 
 }  // namespace cpu_dist::ps

@@ -36,22 +36,29 @@ struct ServerOptions {
 };
 
 struct Counters {
-  std::atomic<uint64_t> pull_calls{0}, pull_keys{0}, push_calls{0}, push_keys{0},
-      commit_calls{0}, commit_keys{0}, errors{0}, bytes_in{0}, bytes_out{0};
+  std::atomic<uint64_t> pull_calls{0}, pull_keys{0}, push_calls{0}, push_keys{0}, commit_calls{0},
+      commit_keys{0}, errors{0}, bytes_in{0}, bytes_out{0};
 };
 
-using PsServiceBase = ParameterServer::WithRawCallbackMethod_Save<
-    ParameterServer::WithRawCallbackMethod_Load<
-    ParameterServer::WithRawCallbackMethod_Pull<
-    ParameterServer::WithRawCallbackMethod_Push<
-        ParameterServer::WithRawCallbackMethod_Commit<
-            ParameterServer::WithRawCallbackMethod_WaitCommitted<
-                ParameterServer::WithRawCallbackMethod_CloseSession<
-                    ParameterServer::WithRawCallbackMethod_Stats<
-                        ParameterServer::WithRawCallbackMethod_Health<
-                            ParameterServer::WithRawCallbackMethod_Dump<
-                                ParameterServer::WithRawCallbackMethod_Shutdown<
-                                    ParameterServer::Service>>>>>>>>>>>;
+// Base with the raw callback methods: Raw<Base, A, B>::type is A<B<Base>>.
+template <class Base, template <class> class... Methods>
+struct Raw {
+  using type = Base;
+};
+template <class Base, template <class> class First, template <class> class... Rest>
+struct Raw<Base, First, Rest...> {
+  using type = First<typename Raw<Base, Rest...>::type>;
+};
+
+// Every method raw (ByteBuffer in and out): see the comment at the top.
+using PsServiceBase = Raw<
+    ParameterServer::Service, ParameterServer::WithRawCallbackMethod_Pull,
+    ParameterServer::WithRawCallbackMethod_Push, ParameterServer::WithRawCallbackMethod_Commit,
+    ParameterServer::WithRawCallbackMethod_WaitCommitted,
+    ParameterServer::WithRawCallbackMethod_CloseSession,
+    ParameterServer::WithRawCallbackMethod_Stats, ParameterServer::WithRawCallbackMethod_Health,
+    ParameterServer::WithRawCallbackMethod_Dump, ParameterServer::WithRawCallbackMethod_Shutdown,
+    ParameterServer::WithRawCallbackMethod_Save, ParameterServer::WithRawCallbackMethod_Load>::type;
 
 class PsService final : public PsServiceBase {
  public:
@@ -78,19 +85,29 @@ class PsService final : public PsServiceBase {
   R* Load(Ctx* ctx, const BB* req, BB* resp) override;
 
  private:
-  grpc::Status do_pull(const BB& req, BB* resp);
-  grpc::Status do_push(const BB& req, BB* resp);
-  grpc::Status do_commit(const BB& req, BB* resp);
-  grpc::Status do_close(const BB& req, BB* resp);
-  grpc::Status do_stats(const BB& req, BB* resp);
-  grpc::Status do_health(const BB& req, BB* resp);
-  grpc::Status do_dump(const BB& req, BB* resp);
-  grpc::Status do_shutdown(const BB& req, BB* resp);
-  grpc::Status do_save(const BB& req, BB* resp);
-  grpc::Status do_load(const BB& req, BB* resp);
+  // The bodies of the handlers, each run by handle() after the shared preamble.
+  grpc::Status do_pull(PullRequest& r, BB* resp);
+  grpc::Status do_push(PushRequest& r, BB* resp);
+  grpc::Status do_commit(CommitRequest& r, BB* resp);
+  grpc::Status do_close(CloseSessionRequest& r, BB* resp);
+  grpc::Status do_stats(StatsRequest& r, BB* resp);
+  grpc::Status do_health(HealthRequest& r, BB* resp);
+  grpc::Status do_dump(DumpRequest& r, BB* resp);
+  grpc::Status do_shutdown(ShutdownRequest& r, BB* resp);
+  grpc::Status do_save(SaveRequest& r, BB* resp);
+  grpc::Status do_load(LoadRequest& r, BB* resp);
+  grpc::Status load_files(LoadRequest& r, BB* resp);    // stages LOAD, PREPARE
+  grpc::Status finish_load(LoadStage stage, BB* resp);  // stages COMMIT, ABORT
   // `rel` inside the checkpoint directory (no absolute path, no "..") -> full path.
   grpc::Status checkpoint_path(const std::string& rel, std::string* full) const;
 
+  // The preamble every method shares: parse the request, check the token, and the table
+  // and the dim where the message has them.
+  template <class Req>
+  grpc::Status admit(const BB& req, Req* r) const;
+  // A whole unary method: admit, run `body`, finish.
+  template <class Req>
+  R* handle(Ctx* ctx, const BB* req, BB* resp, grpc::Status (PsService::*body)(Req&, BB*));
   // Finishes a call with `status`, counting errors and bytes.
   R* finish(Ctx* ctx, const BB* req, const BB* resp, grpc::Status status);
 

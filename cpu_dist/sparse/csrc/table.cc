@@ -177,8 +177,7 @@ TableDump ShardTable::dump() const {
   return d;
 }
 
-void ShardTable::with_snapshot(
-    const std::function<void(const std::vector<RowRef>&)>& fn) const {
+void ShardTable::with_snapshot(const std::function<void(const std::vector<RowRef>&)>& fn) const {
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(stripes_.size());
   size_t n = 0;
@@ -210,8 +209,7 @@ void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* va
   for (size_t s = 0; s < staged.stripes.size(); ++s) {
     Stripe& st = staged.stripes[s];
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
-      if (j + kAhead < starts[s + 1])
-        __builtin_prefetch(values + size_t{order[j + kAhead]} * dim_);
+      if (j + kAhead < starts[s + 1]) __builtin_prefetch(values + size_t{order[j + kAhead]} * dim_);
       const size_t i = order[j];
       const uint32_t slot = free_slot(st);
       if (!st.index.emplace(keys[i], slot).second)

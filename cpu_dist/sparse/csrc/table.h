@@ -21,9 +21,9 @@
 namespace cpu_dist::ps {
 
 struct TableDump {
-  std::vector<int64_t> keys;    // sorted ascending
-  std::vector<float> values;    // keys.size() * dim
-  std::vector<float> state;     // keys.size()
+  std::vector<int64_t> keys;  // sorted ascending
+  std::vector<float> values;  // keys.size() * dim
+  std::vector<float> state;   // keys.size()
 };
 
 // A stripe has no room for another block (slots keep 16 bits of block index).
@@ -94,7 +94,7 @@ class ShardTable {
     mutable std::mutex mu;
     absl::flat_hash_map<int64_t, uint32_t> index;  // key -> (block << 16) | offset
     std::vector<Block> blocks;
-    uint32_t used_in_last = 0;                     // rows used in blocks.back()
+    uint32_t used_in_last = 0;  // rows used in blocks.back()
   };
 
   static constexpr uint32_t kFirstBlockRows = 64;
@@ -131,6 +131,5 @@ class ShardTable::Staged {
   friend class ShardTable;
   std::vector<Stripe> stripes;
 };
-
 
 }  // namespace cpu_dist::ps

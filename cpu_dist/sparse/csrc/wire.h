@@ -1,12 +1,13 @@
 // Byte-level helpers shared by service and client: protobuf <-> grpc::ByteBuffer without
 // intermediate std::strings, and hand-encoded `bytes` fields so that bulk payloads (keys,
-// rows, gradients) are copied exactly once into the buffer gRPC sends.
+// rows, gradients) are copied exactly once into the buffer gRPC sends.  Field numbers come
+// from protoc's generated constants (e.g. PullRequest::kKeysFieldNumber), never literals.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <initializer_list>
 #include <new>
 #include <string>
@@ -19,7 +20,7 @@
 
 namespace cpu_dist::ps::wire {
 
-inline size_t varint_size(uint64_t v) {
+inline constexpr size_t varint_size(uint64_t v) {
   size_t n = 1;
   while (v >= 0x80) {
     v >>= 7;
@@ -37,12 +38,16 @@ inline uint8_t* put_varint(uint64_t v, uint8_t* p) {
   return p;
 }
 
-// Size of a length-delimited field with a one-byte tag (field numbers 1..15).
-inline size_t bytes_field_size(size_t len) { return 1 + varint_size(len) + len; }
+// The tag of a length-delimited field (wire type 2): 0x0A for field 1.
+inline constexpr uint64_t bytes_tag(int field) { return (static_cast<uint64_t>(field) << 3) | 2; }
 
-inline uint8_t* put_bytes_header(uint32_t field, size_t len, uint8_t* p) {
-  *p++ = static_cast<uint8_t>((field << 3) | 2);
-  return put_varint(len, p);
+// Size of a length-delimited field: tag, length, payload.
+inline constexpr size_t bytes_field_size(int field, size_t len) {
+  return varint_size(bytes_tag(field)) + varint_size(len) + len;
+}
+
+inline uint8_t* put_bytes_header(int field, size_t len, uint8_t* p) {
+  return put_varint(len, put_varint(bytes_tag(field), p));
 }
 
 // Wraps a freshly malloc'd slice into `out` (ownership moves to the ByteBuffer) and returns
@@ -66,29 +71,49 @@ inline void serialize(const google::protobuf::MessageLite& m, grpc::ByteBuffer* 
   m.SerializeWithCachedSizesToArray(p);
 }
 
+// A bulk `bytes` field: where the bytes are written is left to the caller (Reserve), or they
+// are copied from `data` (Payload).
+struct Reserve {
+  int field;
+  size_t len;
+};
 struct Payload {
-  uint32_t field;  // 1..15
+  int field;
   const void* data;
   size_t len;
 };
 
-// `head` (the small scalar fields) followed by the bulk fields; protobuf accepts fields in
-// any order, so this is a valid encoding of the full message.
-inline void serialize_with_payloads(const google::protobuf::MessageLite& head,
-                                    std::initializer_list<Payload> payloads,
-                                    grpc::ByteBuffer* out) {
-  const size_t head_len = head.ByteSizeLong();
-  size_t total = head_len;
-  for (const Payload& pl : payloads)
-    if (pl.len > 0) total += bytes_field_size(pl.len);
+// `head` (the small scalar fields) followed by the bulk fields, each with its header; returns
+// where each field's bytes must be written (null for empty ones, which proto3 omits).
+// Protobuf accepts fields in any order, so this is a valid encoding of the full message.
+template <size_t N>
+std::array<uint8_t*, N> serialize_reserving(const google::protobuf::MessageLite& head,
+                                            const std::array<Reserve, N>& fields,
+                                            grpc::ByteBuffer* out) {
+  size_t total = head.ByteSizeLong();
+  for (const Reserve& r : fields)
+    if (r.len > 0) total += bytes_field_size(r.field, r.len);
   uint8_t* p = alloc_buffer(total, out);
   p = head.SerializeWithCachedSizesToArray(p);
-  for (const Payload& pl : payloads) {
-    if (pl.len == 0) continue;  // proto3 omits empty bytes fields
-    p = put_bytes_header(pl.field, pl.len, p);
-    std::memcpy(p, pl.data, pl.len);
-    p += pl.len;
+  std::array<uint8_t*, N> where{};
+  for (size_t i = 0; i < N; ++i) {
+    if (fields[i].len == 0) continue;
+    p = put_bytes_header(fields[i].field, fields[i].len, p);
+    where[i] = p;
+    p += fields[i].len;
   }
+  return where;
+}
+
+// Like serialize_reserving, with the payloads copied in.
+template <size_t N>
+void serialize_with_payloads(const google::protobuf::MessageLite& head,
+                             const std::array<Payload, N>& payloads, grpc::ByteBuffer* out) {
+  std::array<Reserve, N> fields;
+  for (size_t i = 0; i < N; ++i) fields[i] = {payloads[i].field, payloads[i].len};
+  const std::array<uint8_t*, N> where = serialize_reserving(head, fields, out);
+  for (size_t i = 0; i < N; ++i)
+    if (payloads[i].len > 0) std::memcpy(where[i], payloads[i].data, payloads[i].len);
 }
 
 inline bool parse(const grpc::ByteBuffer& bb, google::protobuf::MessageLite* m) {
@@ -139,42 +164,15 @@ class SliceReader {
     }
     return false;
   }
+  // The header of a length-delimited field `field`; false if the next bytes are not one.
+  bool read_bytes_header(int field, uint64_t* len) {
+    uint64_t tag = 0;
+    return read_varint(&tag) && tag == bytes_tag(field) && read_varint(len);
+  }
 
  private:
   std::vector<grpc::Slice> slices_;
   size_t idx_ = 0, off_ = 0, remaining_ = 0;
 };
-
-}  // namespace cpu_dist::ps::wire
-
-namespace cpu_dist::ps::wire {
-
-// Like serialize_with_payloads, but leaves the payload bytes to the caller: returns where
-// each payload (in the order given) must be written.  Lets the client gather keys and rows
-// straight into the request buffer.
-struct Reserve {
-  uint32_t field;  // 1..15
-  size_t len;
-};
-
-template <size_t N>
-std::array<uint8_t*, N> serialize_reserving(const google::protobuf::MessageLite& head,
-                                            const std::array<Reserve, N>& fields,
-                                            grpc::ByteBuffer* out) {
-  const size_t head_len = head.ByteSizeLong();
-  size_t total = head_len;
-  for (const Reserve& r : fields)
-    if (r.len > 0) total += bytes_field_size(r.len);
-  uint8_t* p = alloc_buffer(total, out);
-  p = head.SerializeWithCachedSizesToArray(p);
-  std::array<uint8_t*, N> where{};
-  for (size_t i = 0; i < N; ++i) {
-    if (fields[i].len == 0) continue;
-    p = put_bytes_header(fields[i].field, fields[i].len, p);
-    where[i] = p;
-    p += fields[i].len;
-  }
-  return where;
-}
 
 }  // namespace cpu_dist::ps::wire

@@ -1,11 +1,12 @@
-"""A numpy model of the shard's arithmetic (optimizer.h and the commit aggregation), written
-independently of the C++ so that the tests compare two implementations bit for bit."""
+"""A numpy model of the shard's arithmetic (the commit aggregation, and optimizer.h through
+the numpy oracle ``cpu_dist.common.contracts.sparse_update``), written independently of the
+C++ so that the tests compare two implementations bit for bit."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from cpu_dist.sparse import contracts
+from cpu_dist.common import contracts
 
 F32 = np.float32
 
@@ -35,18 +36,12 @@ class RefTable:
         return out
 
     def apply(self, merged: dict[int, np.ndarray], lr: float, optimizer: str) -> None:
-        lr = F32(lr)
+        """Each row through the one numpy optimizer oracle (contracts.sparse_update)."""
         for k, g in merged.items():
-            w = self._row(k)
-            if optimizer == "sgd":
-                self.w[k] = (w - lr * g).astype(F32)
-            else:
-                sq = F32(0)
-                for c in range(self.dim):
-                    sq = F32(sq + F32(g[c] * g[c]))
-                self.s[k] = F32(self.s[k] + F32(sq / F32(self.dim)))
-                step = F32(lr / F32(np.sqrt(self.s[k]) + F32(1e-8)))
-                self.w[k] = (w - step * g).astype(F32)
+            w = self._row(k)[None, :].copy()
+            s = np.array([self.s[k]], dtype=F32)
+            contracts.sparse_update(optimizer, w, s, g[None, :], lr)
+            self.w[k], self.s[k] = w[0], s[0]
 
     def push(self, keys, grads, lr, optimizer="sgd"):
         self.apply(self.merge(keys, grads), lr, optimizer)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from cpu_dist.sparse import NUM_PARTITIONS, contracts, partition_of, row_init
+from cpu_dist.common import contracts
+from cpu_dist.sparse import NUM_PARTITIONS, partition_of, row_init
 
 EDGE_KEYS = np.array([0, 1, -1, 2**63 - 1, -(2**63), 123456789, -987654321], dtype=np.int64)
 

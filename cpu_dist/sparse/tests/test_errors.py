@@ -50,6 +50,30 @@ def same(a, b):
     return all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def _pull_push_cases(pb, P, PU, pull, push, IA, NF, UA):
+    return [
+        ("Pull", P(**{**pull, "token": ""}), UA, "missing token"),
+        ("Pull", P(**{**pull, "token": "nope"}), UA, "wrong token"),
+        ("Pull", P(**{**pull, "token": TOKEN + "x"}), UA, "wrong token"),
+        ("Pull", P(**{**pull, "table": "other"}), NF, "unknown table 'other'"),
+        ("Pull", P(**{**pull, "dim": 5}), IA, "dim 5 does not match the table's dim 4"),
+        ("Pull", P(**{**pull, "keys": b"\x00" * 13}), IA, "keys has 13 bytes, not a multiple of 8"),
+        ("Push", PU(**{**push, "token": "nope"}), UA, "wrong token"),
+        ("Push", PU(**{**push, "table": "t2"}), NF, "unknown table 't2'"),
+        ("Push", PU(**{**push, "dim": 8}), IA, "dim 8 does not match"),
+        ("Push", PU(**{**push, "keys": b"\x01" * 31}), IA, "keys has 31 bytes"),
+        (
+            "Push",
+            PU(**{**push, "grads": grads_bytes(4)[:-4]}),
+            IA,
+            "grads has 60 bytes, expected 64 (4 keys x dim 4 x 4)",
+        ),
+        ("Push", PU(**{**push, "lr": float("nan")}), IA, "lr is not finite"),
+        ("Push", PU(**{**push, "lr": float("inf")}), IA, "lr is not finite"),
+        ("Push", PU(**{**push, "optimizer": 7}), IA, "unknown optimizer 7"),
+    ]
+
+
 def cases(pb):
     ok_keys = keys_bytes([1, 2, 3, 100])
     push = dict(token=TOKEN, table="embedding", dim=DIM, keys=ok_keys, grads=grads_bytes(4), lr=0.1)
@@ -74,26 +98,7 @@ def cases(pb):
     )
     P, PU, C = pb.PullRequest, pb.PushRequest, pb.CommitRequest
     pull = dict(token=TOKEN, table="embedding", dim=DIM, keys=ok_keys)
-    return [
-        ("Pull", P(**{**pull, "token": ""}), UA, "missing token"),
-        ("Pull", P(**{**pull, "token": "nope"}), UA, "wrong token"),
-        ("Pull", P(**{**pull, "token": TOKEN + "x"}), UA, "wrong token"),
-        ("Pull", P(**{**pull, "table": "other"}), NF, "unknown table 'other'"),
-        ("Pull", P(**{**pull, "dim": 5}), IA, "dim 5 does not match the table's dim 4"),
-        ("Pull", P(**{**pull, "keys": b"\x00" * 13}), IA, "keys has 13 bytes, not a multiple of 8"),
-        ("Push", PU(**{**push, "token": "nope"}), UA, "wrong token"),
-        ("Push", PU(**{**push, "table": "t2"}), NF, "unknown table 't2'"),
-        ("Push", PU(**{**push, "dim": 8}), IA, "dim 8 does not match"),
-        ("Push", PU(**{**push, "keys": b"\x01" * 31}), IA, "keys has 31 bytes"),
-        (
-            "Push",
-            PU(**{**push, "grads": grads_bytes(4)[:-4]}),
-            IA,
-            "grads has 60 bytes, expected 64 (4 keys x dim 4 x 4)",
-        ),
-        ("Push", PU(**{**push, "lr": float("nan")}), IA, "lr is not finite"),
-        ("Push", PU(**{**push, "lr": float("inf")}), IA, "lr is not finite"),
-        ("Push", PU(**{**push, "optimizer": 7}), IA, "unknown optimizer 7"),
+    commit_and_admin = [
         ("Commit", C(**{**commit, "token": ""}), UA, "missing token"),
         ("Commit", C(**{**commit, "dim": 3}), IA, "dim 3 does not match"),
         ("Commit", C(**{**commit, "grads": b""}), IA, "grads has 0 bytes, expected 64"),
@@ -138,6 +143,7 @@ def cases(pb):
         ),
         ("CloseSession", pb.CloseSessionRequest(token="bad", session=99), UA, "wrong token"),
     ]
+    return _pull_push_cases(pb, P, PU, pull, push, IA, NF, UA) + commit_and_admin
 
 
 def test_every_bad_request_is_refused_and_changes_nothing(env):

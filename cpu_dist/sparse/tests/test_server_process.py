@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from cpu_dist.sparse import Client, contracts
+from cpu_dist.common import contracts
+from cpu_dist.sparse import Client
 
 
 def start(tmp_path, token="proc-token", extra=()):

@@ -4,7 +4,7 @@ duplicates, client-side splitting, dump."""
 import numpy as np
 import pytest
 
-from cpu_dist.sparse import contracts
+from cpu_dist.common import contracts
 
 from .conftest import rng_grads
 from .reference import RefTable

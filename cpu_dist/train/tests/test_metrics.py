@@ -1,8 +1,7 @@
-"""Phase timer, JSON-lines log, evaluation metrics and the summary table."""
+"""JSON-lines log, evaluation metrics and the summary table."""
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from sklearn.metrics import log_loss, roc_auc_score
 from cpu_dist.train import metrics
 from cpu_dist.train.metrics import (
     JsonLinesWriter,
-    PhaseTimer,
     RunLog,
     evaluate,
     format_table,
@@ -19,38 +17,6 @@ from cpu_dist.train.metrics import (
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def test_phase_timer_accumulates_per_phase():
-    t = PhaseTimer()
-    for _ in range(2):
-        with t("pull"):
-            _busy(0.005)
-    with t.phase("forward"):
-        with t("backward"):
-            _busy(0.002)
-    t.add("commit_wait", 1.5)
-    tot = t.totals()
-    assert list(tot) == ["pull", "backward", "forward", "commit_wait"]
-    assert 0.01 <= tot["pull"] < 1.0
-    assert tot["forward"] >= tot["backward"] >= 0.002
-    assert tot["commit_wait"] == 1.5
-    assert t.counts()["pull"] == 2
-    assert t.reset() == tot and t.totals() == {}
-
-
-def test_phase_timer_counts_time_when_the_body_raises():
-    t = PhaseTimer()
-    with pytest.raises(RuntimeError):
-        with t("push"):
-            raise RuntimeError("boom")
-    assert t.counts() == {"push": 1}
 
 
 def test_jsonl_is_flushed_per_line_and_plain_json(tmp_path):

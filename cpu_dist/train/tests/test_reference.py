@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from cpu_dist.common.contracts import row_init
 from cpu_dist.data import Batch, SyntheticCriteo
 from cpu_dist.models import build_dlrm
-from cpu_dist.sparse.contracts import row_init
 from cpu_dist.train.metrics import evaluate
 from cpu_dist.train.reference import (
     LocalEmbedding,
     ReferenceTrainer,
-    sparse_update,
     train_reference,
 )
 
@@ -194,21 +193,6 @@ def test_start_step_trains_the_later_batches():
         start_step=2,
     )
     np.testing.assert_array_equal(got["sparse_keys"], np.unique(batches[2].keys))
-
-
-def test_sparse_update_matches_the_ps_formula():
-    g = np.array([[0.5, -1.0, 2.0], [0.0, 0.0, 0.0]], dtype=np.float32)
-    w = np.ones((2, 3), dtype=np.float32)
-    s = np.array([1.0, 4.0], dtype=np.float32)
-    sparse_update("rowwise_adagrad", w, s, g, 0.1)
-    s0 = np.float32(1.0) + np.float32((0.25 + 1.0 + 4.0) / 3)
-    assert s[0] == pytest.approx(s0, rel=1e-7) and s[1] == 4.0
-    np.testing.assert_allclose(w[0], 1.0 - 0.1 / (np.sqrt(s0) + 1e-8) * g[0], rtol=1e-6)
-    np.testing.assert_array_equal(w[1], 1.0)
-    sparse_update("sgd", w, None, g, 0.5)
-    np.testing.assert_allclose(w[1], 1.0)
-    with pytest.raises(ValueError):
-        sparse_update("adam", w, s, g, 0.1)
 
 
 def test_local_embedding_reads_unseen_keys_as_first_touch_rows_only_without_grad():

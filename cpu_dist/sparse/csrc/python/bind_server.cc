@@ -7,44 +7,52 @@
 
 namespace cpu_dist::python {
 
+namespace {
+
+using ps::PsServer;
+using ServerHolder = std::unique_ptr<PsServer, GilFreeDelete<PsServer>>;
+
+ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std::string host,
+                         int port, std::string table, uint64_t seed, uint32_t shard_index,
+                         uint32_t num_shards, int64_t max_message_bytes,
+                         uint32_t max_blocks_per_stripe, std::string checkpoint_dir) {
+  if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
+    throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
+                          std::to_string(max_message_bytes));
+  if (port < 0 || port > 65535)
+    throw py::value_error("port must be in 0..65535, got " + std::to_string(port));
+  if (max_blocks_per_stripe == 0 || max_blocks_per_stripe > 65536)
+    throw py::value_error("max_blocks_per_stripe must be in 1..65536, got " +
+                          std::to_string(max_blocks_per_stripe));
+  ps::ServerOptions o;
+  o.dim = dim;
+  o.token = std::move(token);
+  o.init_scale = init_scale;
+  o.host = std::move(host);
+  o.port = port;
+  o.table = std::move(table);
+  o.seed = seed;
+  o.shard_index = shard_index;
+  o.num_shards = num_shards;
+  o.max_message_bytes = static_cast<int>(max_message_bytes);
+  o.max_blocks_per_stripe = max_blocks_per_stripe;
+  o.checkpoint_dir = std::move(checkpoint_dir);
+  return ServerHolder(std::make_unique<PsServer>(std::move(o)).release());
+}
+
+}  // namespace
+
 void bind_server(py::module_& m) {
-  using ps::PsServer;
-  using ps::ServerOptions;
-  using ServerHolder = std::unique_ptr<PsServer, GilFreeDelete<PsServer>>;
+  const ps::ServerOptions d;  // the one definition of the keyword defaults
   py::class_<PsServer, ServerHolder>(m, "Server",
                                      "One parameter-server shard (gRPC), served from this process.")
-      .def(py::init([](uint32_t dim, std::string token, float init_scale, std::string host,
-                       int port, std::string table, uint64_t seed, uint32_t shard_index,
-                       uint32_t num_shards, int64_t max_message_bytes,
-                       uint32_t max_blocks_per_stripe, std::string checkpoint_dir) {
-             if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
-               throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
-                                     std::to_string(max_message_bytes));
-             if (port < 0 || port > 65535)
-               throw py::value_error("port must be in 0..65535, got " + std::to_string(port));
-             ServerOptions o;
-             o.dim = dim;
-             o.token = std::move(token);
-             o.init_scale = init_scale;
-             o.host = std::move(host);
-             o.port = port;
-             o.table = std::move(table);
-             o.seed = seed;
-             o.shard_index = shard_index;
-             o.num_shards = num_shards;
-             o.max_message_bytes = static_cast<int>(max_message_bytes);
-             if (max_blocks_per_stripe == 0 || max_blocks_per_stripe > 65536)
-               throw py::value_error("max_blocks_per_stripe must be in 1..65536, got " +
-                                     std::to_string(max_blocks_per_stripe));
-             o.max_blocks_per_stripe = max_blocks_per_stripe;
-             o.checkpoint_dir = std::move(checkpoint_dir);
-             return ServerHolder(new PsServer(std::move(o)));
-           }),
-           py::arg("dim"), py::arg("token"), py::kw_only(), py::arg("init_scale"),
-           py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("table") = "embedding",
-           py::arg("seed") = 0, py::arg("shard_index") = 0, py::arg("num_shards") = 1,
-           py::arg("max_message_bytes") = int64_t{64} << 20,
-           py::arg("max_blocks_per_stripe") = 65536u, py::arg("checkpoint_dir") = "")
+      .def(py::init(&make_server), py::arg("dim"), py::arg("token"), py::kw_only(),
+           py::arg("init_scale"), py::arg("host") = d.host, py::arg("port") = d.port,
+           py::arg("table") = d.table, py::arg("seed") = d.seed,
+           py::arg("shard_index") = d.shard_index, py::arg("num_shards") = d.num_shards,
+           py::arg("max_message_bytes") = int64_t{d.max_message_bytes},
+           py::arg("max_blocks_per_stripe") = d.max_blocks_per_stripe,
+           py::arg("checkpoint_dir") = d.checkpoint_dir)
       .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
            "Bind and serve; returns the bound port.")
       .def_property_readonly("port", &PsServer::port)

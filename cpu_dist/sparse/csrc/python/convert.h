@@ -2,8 +2,8 @@
 #pragma once
 
 #include <pybind11/numpy.h>
-#include <pybind11/stl.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cmath>
 #include <optional>
@@ -60,8 +60,7 @@ struct GilFreeDelete {
 inline KeysArray as_keys(const py::handle& obj) {
   KeysArray a = KeysArray::ensure(obj);
   if (!a) throw py::error_already_set();
-  if (a.ndim() != 1)
-    throw py::value_error("keys must be a 1-D array, got shape " + shape_str(a));
+  if (a.ndim() != 1) throw py::value_error("keys must be a 1-D array, got shape " + shape_str(a));
   return a;
 }
 

@@ -1,0 +1,36 @@
+"""Job tokens: the shared secret every RPC to a PS shard carries.
+
+Inside one ``mpirun`` job rank 0 makes a token and broadcasts it; shards started elsewhere
+(``python -m cpu_dist.sparse.server``) and the jobs that use them read the same token from a
+file (or ``$CPU_DIST_TOKEN``).  Both sides read the file through :func:`read_token_file`.
+"""
+
+from __future__ import annotations
+
+import os
+
+TOKEN_ENV = "CPU_DIST_TOKEN"
+
+
+class TokenError(ValueError):
+    """A token file that cannot be used; the message names the flag and the file."""
+
+
+def read_token_file(path: str, flag: str = "--token-file") -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise TokenError(f"{flag} {path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TokenError(f"{flag} {path}: not a UTF-8 text file") from None
+    if not token:
+        raise TokenError(f"{flag} {path} is empty")
+    return token
+
+
+def external_token(token_file: str | None) -> str | None:
+    """The token of shards started elsewhere: the file's, else ``$CPU_DIST_TOKEN``."""
+    if token_file:
+        return read_token_file(token_file)
+    return os.environ.get(TOKEN_ENV)

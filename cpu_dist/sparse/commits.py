@@ -1,0 +1,261 @@
+"""A worker's side of the ordered commit protocol (docs/DESIGN.md, "The commit protocol").
+
+Three small parts, each one job:
+
+- :class:`CommitSession`: the job's session on every shard, in job steps (a resumed job's
+  first step is the session's step 0), and the wait until a step is applied.
+- hand-off strategies (``--sparse-sync``): :class:`PipelinedHandoff` sends step t's chunks
+  asynchronously, and the next hand-off (or a read that needs commit t) first collects their
+  acknowledgements; :class:`BarrierHandoff` also waits until step t is applied.
+- :class:`SparseCommitter`: per step, aggregation (``aggregation.py``) then the hand-off,
+  optionally on a thread of its own (``background=True``, the cache stage: it keeps its rows
+  coherent itself, so the hand-off may overlap the dense phase).  Every method that reads the
+  protocol's state first drains that thread.
+
+Either way step t+1 reads rows that hold every worker's step-t update: the synchronous
+contract.  All waits are bounded: acknowledgements by ``--rpc-timeout``, commits (which need
+every worker's chunks) by ``--barrier-timeout``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
+
+import numpy as np
+
+from cpu_dist.sparse import Client, Handle
+from cpu_dist.sparse.aggregation import Aggregation, Outgoing
+
+
+class WaitClock:
+    """Seconds spent blocked on the protocol, summed over threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+
+class CommitSession:
+    """Job steps on the shards' session ``session_id``; safe to wait on from several threads."""
+
+    def __init__(
+        self,
+        client: Client,
+        session_id: int,
+        rank: int,
+        world: int,
+        *,
+        lr: float,
+        optimizer: str,
+        barrier_timeout_s: float,
+    ) -> None:
+        self.client, self.id, self.rank, self.world = client, session_id, rank, world
+        self.lr, self.optimizer, self.barrier_timeout_s = lr, optimizer, barrier_timeout_s
+        self.base = 0  # the job step that is the session's step 0 (a resumed job's first)
+        self.waits = WaitClock()
+        self._lock = threading.Lock()
+        self._committed = -1
+
+    @property
+    def committed(self) -> int:
+        """The last job step known to be applied on every shard."""
+        with self._lock:
+            return self._committed
+
+    def start_at(self, step: int) -> None:
+        """A resumed job: ``step`` is the first step this session commits; everything before it
+        is already in the restored rows."""
+        with self._lock:
+            self.base, self._committed = step, step - 1
+
+    def session_step(self, step: int) -> int:
+        """``step`` as the shards count it (what a Save checks its session against)."""
+        return step - self.base
+
+    def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> Handle:
+        """This worker's chunks of ``step`` (an empty marker chunk where it has no rows)."""
+        return self.client.commit_async(
+            self.id, step - self.base, self.rank, self.world, keys, grads, self.lr, self.optimizer
+        )
+
+    def wait_applied(self, step: int) -> None:
+        """Block until ``step`` is applied on every shard (at most ``--barrier-timeout``)."""
+        if step < self.base or self.committed >= step:
+            return
+        t0 = time.perf_counter()
+        reached = self.client.wait_committed(self.id, step - self.base, self.barrier_timeout_s)
+        self.waits.add(time.perf_counter() - t0)
+        with self._lock:
+            self._committed = max(self._committed, self.base + reached)
+
+    def close(self) -> None:
+        self.client.close_session(self.id, self.rank)
+
+
+class Handoff(Protocol):
+    def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None: ...
+
+    def collect(self, step: int) -> None:
+        """Wait for the acknowledgements of a hand-off of ``step`` or earlier still in flight
+        (they carry its errors)."""
+        ...
+
+
+class PipelinedHandoff:
+    def __init__(self, session: CommitSession, rpc_timeout_s: float) -> None:
+        self.session, self.rpc_timeout_s = session, rpc_timeout_s
+        self._lock = threading.Lock()
+        self._pending: tuple[int, Handle] | None = None
+
+    def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        self.collect(step - 1)  # each hand-off waits for its predecessor's acks
+        handle = self.session.send(step, keys, grads)
+        with self._lock:
+            self._pending = (step, handle)
+
+    def collect(self, step: int) -> None:
+        with self._lock:
+            pending = self._pending
+        if pending is None or pending[0] > step:
+            return
+        t0 = time.perf_counter()
+        pending[1].wait(self.rpc_timeout_s)
+        self.session.waits.add(time.perf_counter() - t0)
+        with self._lock:
+            if self._pending is pending:
+                self._pending = None
+
+    @property
+    def in_flight(self) -> bool:
+        with self._lock:
+            return self._pending is not None
+
+
+class BarrierHandoff(PipelinedHandoff):
+    """Every step waits for its own commit before the worker goes on."""
+
+    def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        super().send(step, keys, grads)
+        self.collect(step)
+        self.session.wait_applied(step)
+
+
+def make_handoff(sync: str, session: CommitSession, rpc_timeout_s: float) -> PipelinedHandoff:
+    if sync == "pipelined":
+        return PipelinedHandoff(session, rpc_timeout_s)
+    if sync == "barrier":
+        return BarrierHandoff(session, rpc_timeout_s)
+    raise ValueError(f"sparse sync {sync!r}: expected pipelined or barrier")
+
+
+class SparseCommitter:
+    """Hands each step's sparse gradients to the PS and answers when a step may be read."""
+
+    def __init__(
+        self,
+        session: CommitSession,
+        aggregation: Aggregation,
+        handoff: PipelinedHandoff,
+        *,
+        background: bool = False,
+    ) -> None:
+        self.session, self.aggregation, self.handoff = session, aggregation, handoff
+        self.exchange_s = 0.0  # id exchange and (collective) row all-reduce, training thread
+        self.rows_sent = 0
+        # The rows the last submitted step writes (sorted), when the aggregation knows them.
+        self.written: np.ndarray | None = None
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
+        )
+        self._tail: Future[None] | None = None
+        # The hand-off may wait for its predecessor's acks and, under --sparse-sync barrier,
+        # for its own commit: the sum of the two bounds.
+        self._drain_timeout_s = handoff.rpc_timeout_s + session.barrier_timeout_s
+
+    @property
+    def background(self) -> bool:
+        """Whether hand-offs run on their own thread (then only drain and the waits block the
+        training thread)."""
+        return self._pool is not None
+
+    @property
+    def committed(self) -> int:
+        return self.session.committed
+
+    def start_at(self, step: int) -> None:
+        assert self._tail is None and not self.handoff.in_flight
+        self.session.start_at(step)
+
+    def submit(
+        self,
+        step: int,
+        keys: np.ndarray,
+        grads: np.ndarray,
+        union: np.ndarray | None = None,
+        then: Callable[[Outgoing], None] | None = None,
+    ) -> Outgoing:
+        """Hand ``step``'s gradients of this worker's unique rows to the PS; returns what the
+        step sends and writes.  ``union``: see :meth:`Aggregation.reduce`.  ``then(outgoing)``
+        runs once the gradients are handed over (on the hand-off thread in background mode)."""
+        self.drain()
+        t0 = time.perf_counter()
+        out = self.aggregation.reduce(keys, grads, union)
+        self.exchange_s += time.perf_counter() - t0
+        self.written = out.written
+        if self._pool is None:
+            self._hand_off(step, out, then)
+        else:
+            self._tail = self._pool.submit(self._hand_off, step, out, then)
+        return out
+
+    def _hand_off(self, step: int, out: Outgoing, then: Callable[[Outgoing], None] | None) -> None:
+        self.rows_sent += len(out.keys)
+        self.handoff.send(step, out.keys, out.grads)
+        if then is not None:
+            then(out)
+
+    def drain(self) -> None:
+        """Wait for the background hand-off of the last step (a no-op otherwise).  What it
+        raised is raised here, and again by every later call: the protocol's state is then
+        unknown."""
+        if self._tail is None:
+            return
+        self._tail.result(timeout=self._drain_timeout_s)
+        self._tail = None
+
+    def wait_readable(self, step: int) -> None:
+        """Block until every step before ``step`` is applied on every shard."""
+        self.drain()
+        if self.committed >= step - 1:
+            return
+        self.handoff.collect(step - 1)
+        self.session.wait_applied(step - 1)
+
+    def wait_applied(self, step: int) -> None:
+        """Block until ``step`` is applied, without touching the hand-off's state: safe from
+        any thread (the cache stage's staging pulls wait here)."""
+        self.session.wait_applied(step)
+
+    def finish(self, last_step: int) -> None:
+        """Wait until ``last_step`` is applied, then close this worker's session."""
+        self.drain()
+        if last_step >= 0:
+            self.wait_readable(last_step + 1)
+        self.session.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "commit_wait_s": self.session.waits.seconds,
+            "sparse_exchange_s": self.exchange_s,
+            "rows_pushed": self.rows_sent,
+        }

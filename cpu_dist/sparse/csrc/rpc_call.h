@@ -1,0 +1,122 @@
+// The client's call plumbing: one outstanding unary RPC (Call), a group of them finishing
+// together behind a Python Handle (AsyncOp), and the traffic counters every successful call
+// adds to.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "grpcpp/client_context.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/status.h"
+
+namespace cpu_dist::ps {
+
+// A failed RPC: "shard I (ADDR): CODE: message".
+class RpcError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+// A wait that ran out of time (WaitCommitted, Handle.wait).
+class WaitTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+const char* code_name(grpc::StatusCode c);
+
+// Rows an operation owns until Python takes them (malloc'd: no zero fill of a buffer that
+// the replies overwrite whole).
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using RowBuffer = std::unique_ptr<float[], FreeDeleter>;
+RowBuffer alloc_rows(size_t floats);  // throws std::bad_alloc
+
+// Which client counter a successful call adds its payload to.
+enum class TrafficKind : uint8_t { kNone, kPull, kPush };
+
+struct TrafficCounts {
+  uint64_t bytes_pulled = 0;  // key bytes sent in Pull requests + row bytes in Pull replies
+  uint64_t bytes_pushed = 0;  // key + gradient bytes sent in Push and Commit requests
+  uint64_t keys_pulled = 0;
+  uint64_t keys_pushed = 0;
+};
+
+// Payload bytes as they cross the wire (keys included, protobuf framing not); calls finish
+// on several threads, so every counter is atomic.
+class Traffic {
+ public:
+  void add(TrafficKind kind, uint64_t keys, uint64_t bytes);
+  TrafficCounts snapshot() const;
+
+ private:
+  std::atomic<uint64_t> bytes_pulled_{0}, bytes_pushed_{0}, keys_pulled_{0}, keys_pushed_{0};
+};
+
+class AsyncOp;
+
+// One outstanding unary RPC over the generic (raw bytes) stub.
+struct Call {
+  uint32_t shard = 0;
+  uint32_t channel = 0;
+  const char* method = nullptr;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  grpc::Status status;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
+  // Decodes a successful reply; a non-OK result marks the call failed (malformed reply).
+  std::function<grpc::Status(Call&)> on_reply;
+  // Counted once the call succeeded (reply decoded).
+  TrafficKind traffic = TrafficKind::kNone;
+  uint64_t traffic_keys = 0;
+  uint64_t traffic_bytes = 0;
+  AsyncOp* op = nullptr;
+};
+using Calls = std::vector<std::unique_ptr<Call>>;
+
+// The state behind a Python Handle: done when every call finished.
+class AsyncOp {
+ public:
+  // `on_success` runs on the completion thread after the last call, only if every call
+  // succeeded, before waiters see the op done.  `output` is what a pull_async op decodes
+  // its replies into.
+  AsyncOp(Calls calls, std::function<std::string(const Call&)> describe,
+          std::function<void()> on_success = {}, RowBuffer output = {});
+  // True when done within timeout_s (< 0: forever).
+  bool wait(double timeout_s);
+  bool done();
+  // Empty when every call succeeded, else the first failed call (in call order) described.
+  std::string error();
+  // Throws RpcError with error() when the op failed.
+  void raise_if_failed();
+  // The rows of a successful pull_async (once; null afterwards, or for other ops).
+  RowBuffer take_output();
+  Calls& calls() { return calls_; }
+  // Called by the completion thread once per call, after the call was settled; true when
+  // this was the last call (the op is done).
+  bool finish_call();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Calls calls_;
+  size_t remaining_;  // calls not finished yet
+  bool done_ = false;
+  std::string error_;
+  std::function<std::string(const Call&)> describe_;
+  std::function<void()> on_success_;
+  RowBuffer output_;
+};
+
+}  // namespace cpu_dist::ps

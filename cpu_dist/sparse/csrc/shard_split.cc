@@ -1,0 +1,66 @@
+#include "shard_split.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "hashing.h"
+#include "wire.h"
+
+namespace cpu_dist::ps {
+
+namespace {
+
+size_t parts_for(size_t m, const SplitLimits& lim, SplitRule rule) {
+  const size_t by_size = (m + lim.max_keys_per_rpc - 1) / lim.max_keys_per_rpc;
+  if (rule == SplitRule::kChunkEveryShard) return std::max<size_t>(by_size, 1);
+  if (m == 0) return 0;
+  const size_t by_channels = std::min<size_t>(lim.channels_per_shard, m / kSplitMinKeys);
+  return std::max<size_t>({by_size, by_channels, 1});
+}
+
+}  // namespace
+
+ShardSplit::ShardSplit(const int64_t* keys, size_t n, const std::vector<uint32_t>* select,
+                       const SplitLimits& limits, SplitRule rule, uint32_t channel_base)
+    : by_shard_(limits.num_shards) {
+  const uint32_t ns = limits.num_shards;
+  auto add = [&](uint32_t i) { by_shard_[ns == 1 ? 0 : shard_of(keys[i], ns)].push_back(i); };
+  if (select != nullptr) {
+    for (uint32_t i : *select) add(i);
+  } else {
+    for (size_t i = 0; i < n; ++i) add(static_cast<uint32_t>(i));
+  }
+  for (uint32_t s = 0; s < ns; ++s) {
+    const std::vector<uint32_t>& idx = by_shard_[s];
+    const size_t m = idx.size();
+    const size_t count = parts_for(m, limits, rule);
+    for (size_t p = 0; p < count; ++p) {
+      const size_t b = m * p / count, e = m * (p + 1) / count;
+      Part part;
+      part.shard = s;
+      part.channel = (channel_base + static_cast<uint32_t>(p)) % limits.channels_per_shard;
+      part.index = static_cast<uint32_t>(p);
+      part.count = static_cast<uint32_t>(count);
+      part.idx = idx.data() + b;
+      part.n = e - b;
+      parts_.push_back(part);
+    }
+  }
+}
+
+void ShardSplit::serialize(const Part& part, const google::protobuf::MessageLite& head,
+                           const PartPayload& pl, grpc::ByteBuffer* out) {
+  const size_t row_bytes = pl.rows != nullptr ? size_t{pl.dim} * sizeof(float) : 0;
+  const auto where =
+      wire::serialize_reserving<2>(head,
+                                   {wire::Reserve{pl.keys_field, part.n * sizeof(int64_t)},
+                                    wire::Reserve{pl.rows_field, part.n * row_bytes}},
+                                   out);
+  for (size_t j = 0; j < part.n; ++j) {
+    const size_t i = part.idx[j];
+    std::memcpy(where[0] + j * sizeof(int64_t), &pl.keys[i], sizeof(int64_t));
+    if (row_bytes > 0) std::memcpy(where[1] + j * row_bytes, pl.rows + i * pl.dim, row_bytes);
+  }
+}
+
+}  // namespace cpu_dist::ps

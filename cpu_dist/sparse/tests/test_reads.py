@@ -1,0 +1,55 @@
+"""EarlyPull against a real in-process shard: the early part never includes a written row,
+and the assembled rows equal one plain pull after the commit; pull_when_applied waits for the
+commit it is given."""
+
+import numpy as np
+import pytest
+
+from cpu_dist.sparse import Client, Server
+from cpu_dist.sparse.reads import EarlyPull, pull_when_applied, written_by
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Applied:
+    """Records the commits a read waited for (the commit itself is applied by hand here)."""
+
+    def __init__(self):
+        self.waited = []
+
+    def wait_applied(self, step):
+        self.waited.append(step)
+
+
+@pytest.fixture
+def client():
+    server = Server(4, "t", init_scale=0.1)
+    server.start()
+    yield Client([server.address], "t", 4)
+    server.stop(2)
+
+
+def test_early_pull_reads_written_rows_after_the_commit(client):
+    written = np.array([3, 5, 9], dtype=np.int64)
+    unique = np.array([1, 3, 4, 9, 12], dtype=np.int64)
+    commits = Applied()
+    early = EarlyPull(client, commits, 8, unique, written)
+    np.testing.assert_array_equal(unique[early.dependent], [3, 9])
+    np.testing.assert_array_equal(unique[early.independent], [1, 4, 12])
+    # "commit 7" lands after the early pull started: the written rows change now.
+    client.push(written, np.ones((3, 4), np.float32), 1.0)
+    rows = early.finish(10)
+    assert commits.waited == [7]
+    np.testing.assert_array_equal(rows, client.pull(unique))
+
+
+def test_nothing_written_means_nothing_waits_and_unknown_means_everything_waits(client):
+    unique = np.array([1, 3, 4], dtype=np.int64)
+    commits = Applied()
+    none = EarlyPull(client, commits, 1, unique, np.zeros(0, np.int64))
+    np.testing.assert_array_equal(none.finish(10), client.pull(unique))
+    assert commits.waited == []
+    assert written_by(unique, None).all()
+    rows = pull_when_applied(client, commits, unique, 4)
+    assert commits.waited == [4]
+    np.testing.assert_array_equal(rows, client.pull(unique))
