@@ -122,8 +122,10 @@ def key_batches(n: int, count: int = 64, seed: int = 0) -> list[np.ndarray]:
 
 
 def start_ps(tmp: Path, extra=()) -> tuple[subprocess.Popen, str]:
+    from cpu_dist.common.tokens import write_token_file
+
     tf = tmp / "token"
-    tf.write_text(TOKEN)
+    write_token_file(str(tf), TOKEN)
     p = subprocess.Popen(
         [
             sys.executable,

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import Client, row_init
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,7 +27,7 @@ DIM, TOKEN, SCALE = 4, "fault-token", 0.1
 @pytest.fixture
 def shard(tmp_path):
     token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
+    write_token_file(str(token_file), TOKEN)
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from cpu_dist.common.tokens import write_token_file
+
 from .jobctl import Job
 from .launch import SMALL
 
@@ -112,7 +114,7 @@ def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
     from .launch import ROOT
 
     token = tmp_path / "token"
-    token.write_text("fault-token\n")
+    write_token_file(str(token), "fault-token")
     server = subprocess.Popen(
         [
             sys.executable,

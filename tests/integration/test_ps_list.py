@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 
+from cpu_dist.common.tokens import write_token_file
+
 from .launch import SMALL, mpirun
 from .test_equivalence import assert_same_model, reference
 
@@ -28,7 +30,7 @@ def free_port() -> int:
 
 def test_workers_use_shards_started_elsewhere(tmp_path):
     token = tmp_path / "token"
-    token.write_text("external-secret\n")
+    write_token_file(str(token), "external-secret")
     server = subprocess.Popen(
         [
             sys.executable,
@@ -74,7 +76,7 @@ def test_workers_use_shards_started_elsewhere(tmp_path):
         assert_same_model(got, reference("sgd"), rtol=1e-5)
         # A job with the wrong token is refused by the shard, and says which shard refused it.
         bad = tmp_path / "bad"
-        bad.write_text("wrong")
+        write_token_file(str(bad), "wrong")
         proc = mpirun(
             1, ["--worker-num", "1", "--ps_list", address, "--token-file", str(bad), *SMALL]
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import Client, PSError, Server
 
 pytestmark = pytest.mark.timeout(120)
@@ -211,7 +212,7 @@ def test_standalone_server_saves_and_loads_on_request(tmp_path):
     import sys
 
     token = tmp_path / "token"
-    token.write_text(TOKEN)
+    write_token_file(str(token), TOKEN)
     procs = []
     try:
         addrs = []

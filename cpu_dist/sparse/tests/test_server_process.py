@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from cpu_dist.common import contracts
+from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import Client
 
 
 def start(tmp_path, token="proc-token", extra=()):
     tf = tmp_path / "token"
-    tf.write_text(token + "\n")
+    write_token_file(str(tf), token)
     p = subprocess.Popen(
         [
             sys.executable,
