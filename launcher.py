@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from cpu_dist.common.flags import ConfigError, parse_args, validate
+    from cpu_dist.common.flags import parse_args
+    from cpu_dist.common.validate import ConfigError, validate
 
     args = parse_args(argv)
     from cpu_dist.common.slurm import check_launch_environment

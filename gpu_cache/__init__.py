@@ -26,17 +26,15 @@ if TYPE_CHECKING:
 def scan_trace(
     dataset: Dataset, batch_size: int, steps: int, rank: int, world: int
 ) -> Iterator[np.ndarray]:
-    """This worker's sorted unique keys of each training step, read before training."""
+    """This worker's sorted unique keys of each training step, read before training: only
+    this worker's share of each batch, prepared on a background thread."""
     import numpy as np
 
-    from cpu_dist.data import train_batches
+    from cpu_dist.data import WorkerBatches
 
-    batches = train_batches(dataset, batch_size)
-    for _ in range(steps):
-        item = next(batches, None)
-        if item is None:
-            return
-        yield np.unique(item[1].shard(rank, world).keys.reshape(-1))
+    with WorkerBatches(dataset, batch_size, 0, rank, world, stop_step=steps) as batches:
+        for _, batch in batches:
+            yield np.unique(batch.keys.reshape(-1))
 
 
 def make_reader(

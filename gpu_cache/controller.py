@@ -173,6 +173,8 @@ class CachedRowReader:
         self._read_demand(step, plan, keys, np.flatnonzero(miss), out)
         if plan.prev is None:  # online: the metadata remembers which step changed which row
             self.meta.record_updates(plan.union, step)
+            # ...and forgets it once that step is applied: such a row needs no wait.
+            self.meta.prune_updates(self.committer.committed)
         if not admit:
             miss_pos = miss_pos[:0]
         elif self.aggregation == "ps" and plan.scores is not None and len(miss_pos):

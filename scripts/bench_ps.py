@@ -159,7 +159,8 @@ class Ours:
         keys = np.arange(TABLE_ROWS, dtype=np.int64)
         for i in range(0, TABLE_ROWS, 8192):
             k = keys[i : i + 8192]
-            self.clients[0].push(k, np.zeros((k.size, DIM), np.float32), 0.0)
+            # zero gradients: the rows are stored with their first-touch values
+            self.clients[0].push(k, np.zeros((k.size, DIM), np.float32), 1.0)
 
     def pull(self, t, batches, n):
         cl, it, out = self.clients[t], iter(range(1 << 62)), np.empty((n, DIM), np.float32)

@@ -28,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_dist.common.flags import mlp_widths  # noqa: E402
 from cpu_dist.common.launch_env import mpi_env  # noqa: E402
+from cpu_dist.common.validate import mlp_widths  # noqa: E402
 from cpu_dist.data import make_dataset, train_batches  # noqa: E402
 from cpu_dist.models.dlrm import build_dlrm  # noqa: E402
 

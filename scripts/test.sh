@@ -3,7 +3,7 @@
 #   0. static checks: ruff (lint and format), mypy on cpu_dist and gpu_cache, clang-format,
 #   1. unit and integration tests (integration tests start real mpirun jobs and PS processes),
 #   2. the pytest-mpi tests under mpirun with 3 and then 4 ranks (oversubscribed).
-# Rank 0 prints to the console; other ranks write logs/test-<phase>-rank<N>.log, shown when a
+# Rank 0 prints to the console; other ranks write logs/mpi-np<N>-rank<R>.log, shown when a
 # phase fails.  Every phase has a wall-clock limit.  The last line is "N passed, N failed".
 # Extra arguments go to every pytest run (e.g. -k commit).
 set -uo pipefail

@@ -25,7 +25,10 @@ ALLOWED = {
     "sparse": {"common"},
     "checkpoint": {"sparse", "common"},
     "cache": {"sparse", "data", "common"},
-    "train": {"cache", "checkpoint", "dense", "sparse", "models", "data", "common"},
+    "serving": {"models", "data", "common"},  # scores an export without the native module
+    "export": {"serving", "checkpoint", "sparse", "models", "data", "common"},
+    "train": {"export", "serving", "cache", "checkpoint", "dense", "sparse", "models", "data", "common"},
+    "testing": {"common"},  # support for tests and benchmarks (the network lab)
 }
 
 
@@ -129,8 +132,8 @@ def test_bottom_packages_import_without_the_native_modules():
                 return None
 
         sys.meta_path.insert(0, Block())
-        import cpu_dist.common, cpu_dist.data, cpu_dist.models
-        for pkg in (cpu_dist.common, cpu_dist.data, cpu_dist.models):
+        import cpu_dist.common, cpu_dist.data, cpu_dist.models, cpu_dist.serving
+        for pkg in (cpu_dist.common, cpu_dist.data, cpu_dist.models, cpu_dist.serving):
             for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
                 if not info.name.endswith(".tests"):
                     importlib.import_module(info.name)

@@ -14,15 +14,17 @@ count changed); every worker then loads the dense state.  Training resumes at st
 
 from __future__ import annotations
 
+import secrets
 import sys
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from mpi4py import MPI
 
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
+from cpu_dist.common.files import fsync_dir
 from cpu_dist.common.mpi_context import wait_all
 from cpu_dist.sparse import Client
 
@@ -48,9 +50,19 @@ MUST_MATCH = (
     "model.init_scale",
     "train.dense_optimizer",
     "train.sparse_optimizer",
+    "train.lr",
+    "train.sparse_lr",
+    "train.aggregation",
     "train.batch_size",
     "train.seed",
     "data.kind",
+    "data.zipf_exponent",
+    "data.skip_bad_lines",
+    "data.num_embeddings_per_feature",
+    "data.max_ind_range",
+    "data.shuffle",
+    "table.admit_after",
+    "table.expire_after",
 )
 
 
@@ -70,6 +82,14 @@ class SessionInfo(Protocol):
     def session_step(self, step: int) -> int: ...
 
 
+class DenseOptimizer(Protocol):
+    """What a checkpoint needs of the dense update (cpu_dist.dense.sync.DenseSync)."""
+
+    def optimizer_state(self) -> dict[str, Any]: ...
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
+
+
 class Checkpointer:
     def __init__(
         self,
@@ -77,12 +97,12 @@ class Checkpointer:
         comm: MPI.Intracomm,
         client: Client,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        dense: DenseOptimizer,
         commits: Commits,
     ) -> None:
         ck = cfg.checkpoint
         self.cfg, self.comm, self.client = cfg, comm, client
-        self.model, self.optimizer, self.commits = model, optimizer, commits
+        self.model, self.dense, self.commits = model, dense, commits
         self.root = Path(ck.dir).resolve() if ck.dir else None
         self.chief = comm.Get_rank() == 0
         self.every, self.keep, self.resume = ck.every, ck.keep, ck.resume
@@ -91,6 +111,8 @@ class Checkpointer:
         # budget on top of the usual wait for each other.
         self.wait_s = cfg.job.barrier_timeout_s + ck.timeout_s
         self.saved: list[int] = []
+        # This run's id: a fresh run's own (worker 0 makes it), a resumed run's checkpoint's.
+        self.run_id: str = comm.bcast(secrets.token_hex(8) if self.chief else None, root=0)
 
     # -- save ---------------------------------------------------------------------------
     def after_step(self, step: int) -> None:
@@ -99,16 +121,19 @@ class Checkpointer:
 
     def save(self, step: int) -> None:
         self.commits.wait_readable(step + 1)  # step is applied on every shard
+        optimizer_state = self.dense.optimizer_state()  # collective (a sharded optimizer)
         if self.chief:
-            self._write(step)
+            self._write(step, optimizer_state)
         wait_all(self.comm, self.wait_s, f"checkpoint of step {step}")
         self.saved.append(step)
 
-    def _write(self, step: int) -> Manifest:
+    def _write(self, step: int, optimizer_state: dict[str, Any]) -> Manifest:
         assert self.root is not None
         name = step_dir_name(step)
         step_dir = self.root / name
-        step_dir.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        step_dir.mkdir(exist_ok=True)
+        fsync_dir(self.root)  # the new directory survives a crash before the manifest
         n = self.client.num_shards
         paths = [f"{name}/{shard_file_name(i, n)}" for i in range(n)]
         session = self.commits.session
@@ -124,7 +149,7 @@ class Checkpointer:
             )
             for p, r in zip(paths, results)
         ]
-        dense = dense_state.save_dense(step_dir / DENSE, self.model, self.optimizer, step)
+        dense = dense_state.save_dense(step_dir / DENSE, self.model, optimizer_state, step)
         m = Manifest(
             step=step,
             table=TABLE,
@@ -133,10 +158,11 @@ class Checkpointer:
             shards=shards,
             dense=dense,
             config=self.cfg.settings(),
+            run_id=self.run_id,
         )
         m.write(step_dir)
         if self.keep > 0:
-            prune(self.root, self.keep)
+            prune(self.root, self.keep, self.run_id)
         return m
 
     # -- restore ------------------------------------------------------------------------
@@ -165,18 +191,23 @@ class Checkpointer:
                 )
                 check_files(m)
                 assert m.path is not None
+                # Take the shards over: sessions a crashed job left open are aborted (their
+                # unfinished steps dropped), then the rows are replaced by the checkpoint's.
+                self.client.abort_sessions()
                 self.client.load(
                     [f"{m.path.name}/{e.file}" for e in m.shards],
                     [e.bytes for e in m.shards],
                     [e.crc32 for e in m.shards],
                     timeout_s=self.timeout_s,
                 )
-                info = (str(m.path), m.step)
+                info = (str(m.path), m.step, m.run_id or self.run_id)
         info = self.comm.bcast(info, root=0)
         if info is None:
             return 0
-        path, step = info
-        dense_state.load_dense(Path(path) / DENSE, self.model, self.optimizer, step)
+        path, step, self.run_id = info
+        self.dense.load_optimizer_state(
+            dense_state.load_dense(Path(path) / DENSE, self.model, step)
+        )
         if self.chief:
             print(
                 f"cpu_dist: resumed from {path} (step {step}); continuing at step {step + 1}",

@@ -7,11 +7,13 @@ from __future__ import annotations
 import io
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from .files import atomic_write
+from cpu_dist.common.files import atomic_write
+
 from .manifest import CheckpointError, FileEntry
 
 
@@ -36,12 +38,13 @@ def _set_rng_state(s: dict) -> None:
 
 
 def save_dense(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
+    path: Path, model: torch.nn.Module, optimizer_state: dict[str, Any], step: int
 ) -> FileEntry:
-    """``step``: the last step the state includes; training resumes at ``step + 1``."""
+    """``step``: the last step the state includes; training resumes at ``step + 1``.
+    ``optimizer_state``: the dense optimizer's whole state (``DenseSync.optimizer_state``)."""
     state = {
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "rng": _rng_state(),
         "step": int(step),
         "next_step": int(step) + 1,
@@ -52,11 +55,10 @@ def save_dense(
     return FileEntry(file=path.name, bytes=size, crc32=crc)
 
 
-def load_dense(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
-) -> None:
-    """Loads everything or raises CheckpointError naming the file (the model is only touched
-    once the whole file has been read and checked)."""
+def load_dense(path: Path, model: torch.nn.Module, step: int) -> dict[str, Any]:
+    """Loads the model and the RNG state and returns the optimizer state, or raises
+    CheckpointError naming the file (nothing is touched before the whole file is read and
+    checked)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -76,5 +78,6 @@ def load_dense(
             f"(other --arch-mlp-bot/--arch-mlp-top/--dtype?)"
         )
     model.load_state_dict(got)
-    optimizer.load_state_dict(state["optimizer"])
     _set_rng_state(state["rng"])
+    optimizer_state: dict[str, Any] = state["optimizer"]
+    return optimizer_state

@@ -10,9 +10,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cpu_dist.common.files import atomic_write, file_crc32, fsync_dir
 from cpu_dist.common.flags import setting_flag
-
-from .files import atomic_write, file_crc32
 
 FORMAT = "cpu_dist-checkpoint"
 FORMAT_VERSION = 1
@@ -51,6 +50,9 @@ class Manifest:
     shards: list[FileEntry]
     dense: FileEntry
     config: dict = field(default_factory=dict)
+    # The run that wrote it: a fresh run makes one, a resumed run keeps its checkpoint's, so a
+    # run prunes only its own checkpoints.
+    run_id: str = ""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     path: Path | None = None  # the step directory (not stored)
@@ -93,6 +95,7 @@ def read_manifest(step_dir: Path) -> Manifest:
             shards=[FileEntry(**e) for e in raw["shards"]],
             dense=FileEntry(**raw["dense"]),
             config=dict(raw.get("config", {})),
+            run_id=str(raw.get("run_id", "")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
@@ -170,12 +173,15 @@ def find_latest(root: Path) -> Manifest | None:
     return None
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Removes all but the newest ``keep`` complete checkpoints, and unfinished directories
-    older than the newest complete one.  Returns what it removed."""
+def prune(root: Path, keep: int, run_id: str | None = None) -> list[Path]:
+    """Removes all but the newest ``keep`` complete checkpoints of run ``run_id`` (None: of
+    any run), and unfinished directories older than the newest complete one.  Returns what it
+    removed; the root is fsynced after it."""
     removed, complete = [], 0
     for _, d in step_dirs(root):
         if (d / MANIFEST).exists():
+            if run_id is not None and read_manifest(d).run_id != run_id:
+                continue  # another run's: not ours to remove
             complete += 1
             if complete <= keep:
                 continue
@@ -183,4 +189,6 @@ def prune(root: Path, keep: int) -> list[Path]:
             continue  # possibly being written right now
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
+    if removed:
+        fsync_dir(root)
     return removed

@@ -1,6 +1,6 @@
 """The typed configuration of a job: what the launcher's flags mean once they are checked.
 
-``cpu_dist.common.flags.validate`` turns the command line into one frozen :class:`Config`;
+``cpu_dist.common.validate.validate`` turns the command line into one frozen :class:`Config`;
 nothing below the launcher sees the ``argparse.Namespace``.  Each section is what one part of
 the system needs, so a part can be built (and tested) from its section alone.  The defaults of
 :class:`ClientConfig` are the one definition of the client's tuning defaults: the native
@@ -32,8 +32,13 @@ class JobConfig:
     num_ps_ranks: int
     ps_list: tuple[str, ...] = ()  # host:port of PS ranks to listen on, or of external shards
     ps_host: str | None = None
+    ps_interface: str | None = None
     token_file: str | None = None
     ps_type: str = "local"
+    # Train on rows external shards already hold (else such shards stop the job at start).
+    reuse_shard_rows: bool = False
+    # PS ranks close commit sessions idle this long (a crashed job's); 0: never.
+    session_idle_timeout_s: float = 3600.0
     # Workers waiting for each other: the step's barrier, a commit that needs every worker's
     # chunks, the end of the job.  A checkpoint barrier adds the checkpoint's own budget.
     barrier_timeout_s: float = 300.0
@@ -54,6 +59,16 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class TableConfig:
+    """How each PS shard keeps its rows (PS ranks of the job; external shards must agree)."""
+
+    memory_rows: int = 0  # DRAM tier, rows per shard (0: unbounded)
+    ssd_dir: str | None = None  # RocksDB tier beyond memory_rows
+    admit_after: int = 0  # a key's gradient is applied from the N-th step containing it
+    expire_after: int = 0  # rows not updated for S steps are dropped (0: never)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     batch_size: int = 2048  # global
     max_step: int = 300
@@ -63,15 +78,23 @@ class TrainConfig:
     sparse_optimizer: str = "sgd"
     seed: int = 0
     aggregation: str = "ps"  # who sums a step's sparse gradients: "ps" or "collective"
-    sparse_sync: str = "pipelined"  # "pipelined" or "barrier"
+    sparse_sync: str = "pipelined"  # "pipelined", "barrier" or "async"
+    max_staleness: int = 2  # async: a read of step t waits only for commit t-1-K
+    dense_sync: str = "allreduce"  # "allreduce" or "reduce_scatter" (ZeRO-1)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    kind: str = "synthetic"
+    kind: str = "synthetic"  # "synthetic", "criteo" (a TSV file), "criteo-bin" (converted)
     path: str | None = None
     skip_bad_lines: bool = False
     zipf_exponent: float = 1.05
+    # Criteo hashing (cpu_dist/data/keys.py): per-feature table sizes (TorchRec's name) and a cap
+    # on every table (DLRM's); None: 2**32, raw values kept.
+    num_embeddings_per_feature: tuple[int, ...] | None = None
+    max_ind_range: int | None = None
+    epochs: int = 1  # passes over file data; the synthetic stream is endless
+    shuffle: bool = False  # file data: each epoch's batch order drawn from (seed, epoch)
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,7 @@ class OutputConfig:
     eval_every: int = 100
     eval_batches: int = 4
     dump_state: str | None = None
+    export: str | None = None  # a serving bundle at the end (cpu_dist.serving.bundle)
     tensorboard: str | None = None
     progress: bool = True
 
@@ -111,6 +135,7 @@ class Config:
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
     client: ClientConfig = ClientConfig()
+    table: TableConfig = TableConfig()
     cache: CacheConfig | None = None
     checkpoint: CheckpointConfig = CheckpointConfig()
     output: OutputConfig = OutputConfig()

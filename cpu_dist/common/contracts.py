@@ -10,6 +10,8 @@ bit for bit.  See docs/DESIGN.md, "Contracts".
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # The one table of a job: every sparse feature's keys live in one fused key space.
@@ -44,6 +46,11 @@ def row_init(seed: int, keys, dim: int, scale: float) -> np.ndarray:
     bits = mix64(base ^ cols)
     u = (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / 16777216.0)
     return (u * np.float32(2.0) - np.float32(1.0)) * np.float32(scale)
+
+
+def default_init_scale(dim: int) -> float:
+    """The init scale of jobs and standalone shards alike unless one is given: 1/sqrt(dim)."""
+    return 1.0 / math.sqrt(dim)
 
 
 def partition_of(keys) -> np.ndarray:

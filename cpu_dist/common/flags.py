@@ -3,32 +3,26 @@
 Flag names follow the first designs (``--worker_num``, ``--ps_list``, ``--max_step``) and DLRM's
 reference conventions (``--arch-mlp-bot``); both spellings are accepted where they differ.
 Every rank parses and validates the same argv, so every rank reaches the same verdict without
-communicating, and rank 0 alone prints it.  :func:`validate` returns the typed
-:class:`~cpu_dist.common.config.Config`; defaults come from its dataclasses.
+communicating, and rank 0 alone prints it.  ``cpu_dist.common.validate`` turns them into
+the typed :class:`~cpu_dist.common.config.Config`; defaults come from its dataclasses.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 from collections.abc import Sequence
 
 from cpu_dist.common.config import (
     CacheConfig,
     CheckpointConfig,
     ClientConfig,
-    Config,
     DataConfig,
     JobConfig,
     ModelConfig,
     OutputConfig,
+    TableConfig,
     TrainConfig,
 )
-
-
-class ConfigError(ValueError):
-    """A flag or flag combination that cannot work; the message names the flag."""
 
 
 def _add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -53,8 +47,14 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ps-host",
         default=None,
-        help="address PS ranks listen on (default: 127.0.0.1 when the job is on one "
-        "node, else this node's address)",
+        help="address PS ranks listen on and publish (default: 127.0.0.1 when the job is "
+        "on one node, else the address that routes to the other ranks' hosts)",
+    )
+    g.add_argument(
+        "--ps-interface",
+        default=None,
+        help="publish and listen on this network interface's address (instead of the "
+        "address that routes to the other ranks' hosts)",
     )
     g.add_argument(
         "--token-file",
@@ -66,6 +66,18 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         default=JobConfig.ps_type,
         choices=["local", "grpc", "RDMA", "rdma"],
         help="sparse transport; RDMA selects the local gRPC backend on one node",
+    )
+    g.add_argument(
+        "--reuse-shard-rows",
+        action="store_true",
+        help="train on the rows external --ps_list shards already hold (without it, shards "
+        "that hold rows stop the job unless --resume restores a checkpoint over them)",
+    )
+    g.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=JobConfig.session_idle_timeout_s,
+        help="PS ranks of this job close commit sessions idle this many seconds (0: never)",
     )
     g.add_argument(
         "--barrier-timeout",
@@ -93,16 +105,52 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_data_and_model_flags(p: argparse.ArgumentParser) -> None:
+def add_data_flags(p: argparse.ArgumentParser) -> None:
+    """The data flags: the launcher's, and those of every tool that reads the same batches
+    (``python -m cpu_dist.serving``)."""
     d = p.add_argument_group("data")
-    d.add_argument("--data", default=DataConfig.kind, choices=["synthetic", "criteo"])
-    d.add_argument("--data-path", default=None, help="Criteo TSV file (with --data criteo)")
+    d.add_argument("--data", default=DataConfig.kind, choices=["synthetic", "criteo", "criteo-bin"])
+    d.add_argument(
+        "--data-path",
+        default=None,
+        help="Criteo TSV file (--data criteo) or directory made by python -m "
+        "cpu_dist.data.convert (--data criteo-bin)",
+    )
     d.add_argument(
         "--skip-bad-lines",
         action="store_true",
-        help="count and skip malformed Criteo lines instead of failing",
+        help="count and skip malformed Criteo lines instead of failing (--data criteo; "
+        "the converter has its own)",
     )
     d.add_argument("--zipf-exponent", type=float, default=DataConfig.zipf_exponent)
+    d.add_argument(
+        "--num-embeddings-per-feature",
+        default=None,
+        metavar="N1,...,N26",
+        help="Criteo: hash feature f's values into N_f rows (value %% N_f); default 2**32",
+    )
+    d.add_argument(
+        "--max-ind-range",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Criteo: hash every feature's values into at most N rows",
+    )
+    d.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="Criteo: passes over the training data (default 1); training stops at "
+        "--max_step or after them",
+    )
+    d.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="Criteo: shuffle the batch order of each epoch (deterministic from --seed)",
+    )
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model")
     m.add_argument("--embedding-dim", type=int, default=ModelConfig.embedding_dim)
     m.add_argument(
@@ -153,11 +201,58 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
         help="who sums a step's sparse gradients: the PS, or an MPI all-reduce",
     )
     t.add_argument(
+        "--dense-sync",
+        default=TrainConfig.dense_sync,
+        choices=["allreduce", "reduce_scatter"],
+        help="allreduce: every worker updates every dense parameter; reduce_scatter: "
+        "gradients reduce-scattered, each worker updates (and keeps the optimizer state of) "
+        "1/W of the parameters, which are then all-gathered (ZeRO stage 1)",
+    )
+    t.add_argument(
         "--sparse-sync",
         default=TrainConfig.sparse_sync,
-        choices=["pipelined", "barrier"],
+        choices=["pipelined", "barrier", "async"],
         help="pipelined: the next pull waits only for the commit it reads; "
-        "barrier: every step waits for its commit before going on",
+        "barrier: every step waits for its commit before going on; async: a pull waits only "
+        "for the commits up to --max-staleness steps back (not bitwise reproducible for K >= 1)",
+    )
+    t.add_argument(
+        "--max-staleness",
+        type=int,
+        default=TrainConfig.max_staleness,
+        metavar="K",
+        help="with --sparse-sync async: step t reads rows holding every commit up to t-1-K "
+        "(0 = the pipelined mode, bit for bit; at most 63)",
+    )
+
+
+def _add_table_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("PS tables (PS ranks of this job; external shards must agree)")
+    g.add_argument(
+        "--ps-memory-rows",
+        type=int,
+        default=TableConfig.memory_rows,
+        help="rows each shard keeps in DRAM (0: no bound); beyond it rows go to --ps-ssd-dir",
+    )
+    g.add_argument(
+        "--ps-ssd-dir",
+        default=None,
+        help="directory of each shard's RocksDB tier (working storage, removed at the end)",
+    )
+    g.add_argument(
+        "--ps-admit-after",
+        type=int,
+        default=TableConfig.admit_after,
+        metavar="N",
+        help="a key's gradients are applied from the N-th committed step whose batch holds "
+        "it (earlier ones dropped; it reads its first-touch row until then; 0: off)",
+    )
+    g.add_argument(
+        "--ps-expire-after",
+        type=int,
+        default=TableConfig.expire_after,
+        metavar="S",
+        help="when step t commits, rows last updated at t-S or earlier are dropped (0: off)",
     )
 
 
@@ -240,6 +335,13 @@ def _add_checkpoint_and_output_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help=".npz with dense/<name>, sparse_keys, sparse_values at the end",
     )
+    o.add_argument(
+        "--export",
+        default=None,
+        metavar="DIR",
+        help="write a serving bundle of the final model to DIR (python -m cpu_dist.serving "
+        "scores it)",
+    )
     o.add_argument("--tensorboard", default=None, help="TensorBoard log directory")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -251,8 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _add_job_flags(p)
-    _add_data_and_model_flags(p)
+    add_data_flags(p)
+    _add_model_flags(p)
     _add_train_flags(p)
+    _add_table_flags(p)
     _add_cache_flags(p)
     _add_checkpoint_and_output_flags(p)
     return p
@@ -262,208 +366,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def mlp_widths(spec: str, flag: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(x) for x in spec.split("-") if x)
-    except ValueError:
-        raise ConfigError(
-            f"{flag} {spec!r}: expected widths joined by '-', e.g. 512-256-64"
-        ) from None
-    if not widths or any(w <= 0 for w in widths):
-        raise ConfigError(f"{flag} {spec!r}: widths must be positive integers")
-    return widths
-
-
-def parse_ps_list(spec: str) -> tuple[str, ...]:
-    out = []
-    for item in spec.split(","):
-        item = item.strip()
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ConfigError(f"--ps_list entry {item!r}: expected host:port")
-        out.append(item)
-    return tuple(out)
-
-
-def _positive(value: float | None, flag: str) -> None:
-    if value is not None and (not math.isfinite(value) or value <= 0):
-        raise ConfigError(f"{flag} {value}: must be a positive number")
-
-
-def _job(a: argparse.Namespace, world_size: int) -> JobConfig:
-    ps_list = parse_ps_list(a.ps_list) if a.ps_list else ()
-    w = a.worker_num
-    if w is None:
-        w = world_size if ps_list and world_size >= 1 else max(world_size - 1, 1)
-    if w < 1:
-        raise ConfigError(f"--worker-num {w}: need at least one worker")
-    if w > world_size:
-        raise ConfigError(f"--worker-num {w} but the job has only {world_size} MPI ranks")
-    n_ps = world_size - w
-    if n_ps == 0 and not ps_list:
-        raise ConfigError(
-            f"--worker-num {w} leaves no PS rank among {world_size} MPI ranks; start more ranks "
-            f"(mpirun -np {w + 1} ...) or give --ps_list host:port,... of running PS shards"
-        )
-    if n_ps > 0 and ps_list and len(ps_list) != n_ps:
-        raise ConfigError(
-            f"--ps_list names {len(ps_list)} addresses but the job has {n_ps} PS ranks "
-            f"(world {world_size} - {w} workers)"
-        )
-    if n_ps == 0 and not (a.token_file or os.environ.get("CPU_DIST_TOKEN")):
-        raise ConfigError(
-            "--ps_list without PS ranks needs the shards' token: --token-file F or $CPU_DIST_TOKEN"
-        )
-    if a.token_file and not os.path.isfile(a.token_file):
-        raise ConfigError(f"--token-file {a.token_file}: no such file")
-    _positive(a.barrier_timeout, "--barrier-timeout")
-    return JobConfig(
-        worker_num=w,
-        num_ps_ranks=n_ps,
-        ps_list=ps_list,
-        ps_host=a.ps_host,
-        token_file=a.token_file,
-        ps_type=a.ps_type,
-        barrier_timeout_s=a.barrier_timeout,
-    )
-
-
-def _model(a: argparse.Namespace) -> ModelConfig:
-    dim = a.embedding_dim
-    if dim <= 0:
-        raise ConfigError(f"--embedding-dim {dim}: must be positive")
-    bot_spec = a.arch_mlp_bot if a.arch_mlp_bot is not None else f"512-256-{dim}"
-    bot = mlp_widths(bot_spec, "--arch-mlp-bot")
-    top = mlp_widths(a.arch_mlp_top, "--arch-mlp-top")
-    if bot[-1] != dim:
-        raise ConfigError(
-            f"--arch-mlp-bot {bot_spec} must end with --embedding-dim {dim} "
-            "(the dot interaction needs equal widths)"
-        )
-    if top[-1] != 1:
-        raise ConfigError(f"--arch-mlp-top {a.arch_mlp_top} must end with 1 (one logit)")
-    _positive(a.init_scale, "--init-scale")
-    scale = a.init_scale if a.init_scale is not None else 1.0 / math.sqrt(dim)
-    return ModelConfig(dim, bot, top, a.dtype, scale)
-
-
-def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
-    if a.batch_size <= 0 or a.batch_size % workers:
-        raise ConfigError(f"--batch-size {a.batch_size} is not divisible by --worker-num {workers}")
-    if a.max_step < 0:
-        raise ConfigError(f"--max_step {a.max_step}: must be >= 0")
-    _positive(a.lr, "--lr")
-    _positive(a.sparse_lr, "--sparse-lr")
-    return TrainConfig(
-        batch_size=a.batch_size,
-        max_step=a.max_step,
-        lr=a.lr,
-        sparse_lr=a.sparse_lr if a.sparse_lr is not None else a.lr,
-        dense_optimizer=a.dense_optimizer,
-        sparse_optimizer=a.sparse_optimizer,
-        seed=a.seed,
-        aggregation=a.aggregation,
-        sparse_sync=a.sparse_sync,
-    )
-
-
-def _data(a: argparse.Namespace) -> DataConfig:
-    if a.data == "criteo":
-        if not a.data_path:
-            raise ConfigError("--data criteo needs --data-path FILE")
-        if not os.path.isfile(a.data_path):
-            raise ConfigError(f"--data-path {a.data_path}: no such file")
-    elif a.data_path:
-        raise ConfigError("--data-path is only read with --data criteo")
-    return DataConfig(a.data, a.data_path, a.skip_bad_lines, a.zipf_exponent)
-
-
-def _client(a: argparse.Namespace) -> ClientConfig:
-    if a.ps_max_keys_per_rpc <= 0 or a.ps_channels <= 0:
-        raise ConfigError("--ps-max-keys-per-rpc and --ps-channels must be positive")
-    _positive(a.rpc_timeout, "--rpc-timeout")
-    return ClientConfig(a.ps_max_keys_per_rpc, a.ps_channels, a.ps_max_message_bytes, a.rpc_timeout)
-
-
-def _cache(a: argparse.Namespace, train: TrainConfig) -> CacheConfig | None:
-    """The cache stage reproduces the PS's SGD on cached rows: only what it can mirror."""
-    if a.read_mode != "bagpipe":
-        if a.optimization_prescan:
-            raise ConfigError("--optimization-prescan needs --read-mode bagpipe")
-        return None
-    if a.optimization_cache_capacity <= 0:
-        raise ConfigError(
-            f"--optimization-cache-capacity {a.optimization_cache_capacity}: "
-            "must be a positive number of 64-row units"
-        )
-    if a.optimization_plan_window < 0:
-        raise ConfigError("--optimization-plan-window must be >= 0")
-    if not 0.0 <= a.optimization_bypass_below < 1.0:
-        raise ConfigError(
-            f"--optimization-bypass-below {a.optimization_bypass_below}: must be in [0, 1)"
-        )
-    if train.sparse_optimizer != "sgd":
-        raise ConfigError(
-            f"--read-mode bagpipe supports --sparse-optimizer sgd only, not "
-            f"{train.sparse_optimizer}: the cache cannot mirror an adaptive optimizer's "
-            "PS-side state"
-        )
-    # Learning rates: the cache applies the same --sparse-lr that every commit packet carries,
-    # and a PS session rejects a packet whose lr differs from the session's.
-    return CacheConfig(
-        prescan=a.optimization_prescan,
-        capacity_units=a.optimization_cache_capacity,
-        plan_window=a.optimization_plan_window,
-        bypass_below=a.optimization_bypass_below,
-    )
-
-
-def _checkpoint(a: argparse.Namespace) -> CheckpointConfig:
-    if a.checkpoint_every < 0 or a.checkpoint_keep < 0:
-        raise ConfigError("--checkpoint-every and --checkpoint-keep must be >= 0")
-    if (a.resume or a.checkpoint_every) and not a.checkpoint_dir:
-        raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
-    d = a.checkpoint_dir
-    if d and os.path.exists(d) and not os.path.isdir(d):
-        raise ConfigError(f"--checkpoint-dir {d}: not a directory")
-    _positive(a.checkpoint_timeout, "--checkpoint-timeout")
-    return CheckpointConfig(
-        d, a.checkpoint_every, a.checkpoint_keep, a.resume, a.checkpoint_timeout
-    )
-
-
-def _output(a: argparse.Namespace) -> OutputConfig:
-    if a.print_freq <= 0 or a.eval_every < 0 or a.eval_batches <= 0:
-        raise ConfigError("--print-freq and --eval-batches must be positive, --eval-every >= 0")
-    return OutputConfig(
-        metrics_out=a.metrics_out,
-        print_freq=a.print_freq,
-        eval_every=a.eval_every,
-        eval_batches=a.eval_batches,
-        dump_state=a.dump_state,
-        tensorboard=a.tensorboard,
-        progress=not a.no_progress,
-    )
-
-
-def validate(args: argparse.Namespace, world_size: int) -> Config:
-    """The job's Config, or ConfigError for any impossible combination; identical on every
-    rank.  ``args`` is not changed."""
-    job = _job(args, world_size)
-    train = _train(args, job.worker_num)
-    return Config(
-        job=job,
-        model=_model(args),
-        train=train,
-        data=_data(args),
-        client=_client(args),
-        cache=_cache(args, train),
-        checkpoint=_checkpoint(args),
-        output=_output(args),
-    )
-
-
-# Settings (Config.settings() keys) whose flag is not "--" + the field name with dashes.
 _FLAG_OF_SETTING = {
     "job.worker_num": "--worker-num",
     "job.barrier_timeout_s": "--barrier-timeout",
@@ -475,6 +377,10 @@ _FLAG_OF_SETTING = {
     "client.max_keys_per_rpc": "--ps-max-keys-per-rpc",
     "client.max_message_bytes": "--ps-max-message-bytes",
     "client.rpc_timeout_s": "--rpc-timeout",
+    "table.memory_rows": "--ps-memory-rows",
+    "table.ssd_dir": "--ps-ssd-dir",
+    "table.admit_after": "--ps-admit-after",
+    "table.expire_after": "--ps-expire-after",
     "cache.prescan": "--optimization-prescan",
     "cache.capacity_units": "--optimization-cache-capacity",
     "cache.plan_window": "--optimization-plan-window",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import sys
 import time
 import traceback
@@ -19,6 +18,8 @@ from typing import TypeVar
 
 import numpy as np
 from mpi4py import MPI
+
+from cpu_dist.common.addresses import choose_publish_address, interface_address, this_node
 
 T = TypeVar("T")
 
@@ -63,14 +64,18 @@ def share_job_secret(roles: Roles, external_token: str | None = None) -> tuple[s
     return roles.world.bcast(mine, root=0)
 
 
-def ps_listen_host(roles: Roles, requested: str | None) -> str:
-    """Loopback when the whole job is on one node; else this node's address (never 0.0.0.0)."""
+def ps_listen_host(roles: Roles, requested: str | None, interface: str | None = None) -> str:
+    """The address this rank's shard listens on and publishes (never 0.0.0.0): ``--ps-host``,
+    else ``--ps-interface``'s address, else loopback when the whole job is on one node, else
+    the address other nodes reach this one at (``cpu_dist.common.addresses``).  Collective."""
+    nodes = roles.world.allgather(this_node())
     if requested:
         return requested
-    hosts = roles.world.allgather(socket.gethostname())
-    if len(set(hosts)) == 1:
+    if interface:
+        return interface_address(interface)
+    if all(n == nodes[0] for n in nodes):
         return "127.0.0.1"
-    return socket.gethostbyname(socket.gethostname())
+    return choose_publish_address(nodes[roles.rank], nodes)
 
 
 def exchange_ps_addresses(roles: Roles, address: str | None, error: str | None) -> list[str]:

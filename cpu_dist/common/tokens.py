@@ -38,6 +38,11 @@ def read_token_file(path: str, flag: str = "--token-file") -> str:
         raise TokenError(f"{flag} {path}: not a UTF-8 text file") from None
     if not token:
         raise TokenError(f"{flag} {path} is empty")
+    if not all(33 <= ord(c) <= 126 for c in token):
+        raise TokenError(
+            f"{flag} {path}: the token must be printable ASCII without spaces (it travels as "
+            "gRPC call metadata)"
+        )
     return token
 
 

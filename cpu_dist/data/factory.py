@@ -1,4 +1,4 @@
-"""One entry point for both data sources, so the trainer and the reference read alike."""
+"""One entry point for every data source, so the trainer and the reference read alike."""
 
 from __future__ import annotations
 
@@ -6,14 +6,24 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+from cpu_dist.common.config import DataConfig
 from cpu_dist.data.batch import Batch
 from cpu_dist.data.criteo import CriteoTSV
-from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE
+from cpu_dist.data.criteo_bin import CriteoBinary
+from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, criteo_hash_sizes
 from cpu_dist.data.synthetic import SyntheticCriteo
+
+KINDS = ("synthetic", "criteo", "criteo-bin")
 
 
 class Dataset(Protocol):
-    """What the training code needs from a data source."""
+    """What the training code needs from a data source.
+
+    ``train_batches`` gives global batches (the reference trains on them); ``worker_batch``
+    gives one worker's share of a step's global batch alone, by step (what the background
+    loader, ``loader.WorkerBatches``, reads); the two agree: the global batch is the shares
+    concatenated in rank order.  ``test_batches`` is the held-out test split (none for one
+    Criteo file)."""
 
     kind: str
     num_dense: int
@@ -23,7 +33,11 @@ class Dataset(Protocol):
         self, batch_size: int, start_step: int = 0
     ) -> Iterator[tuple[int, Batch]]: ...
 
+    def worker_batch(self, step: int, batch_size: int, rank: int, world: int) -> Batch | None: ...
+
     def eval_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]: ...
+
+    def test_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[Batch]: ...
 
 
 def make_dataset(
@@ -36,12 +50,18 @@ def make_dataset(
     num_dense: int = 13,
     num_sparse: int = 26,
     hash_size: int = CRITEO_DEFAULT_HASH_SIZE,
+    num_embeddings_per_feature: Sequence[int] | None = None,
+    max_ind_range: int | None = None,
     skip_bad_lines: bool = False,
     eval_every: int = 10,
+    epochs: int = 1,
+    shuffle: bool = False,
 ) -> Dataset:
-    """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse) or
-    ``kind="criteo"`` (path, hash_size, skip_bad_lines, eval_every); other arguments are ignored
-    by the kind that does not use them."""
+    """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse; endless),
+    ``kind="criteo"`` (path: a TSV file) or ``kind="criteo-bin"`` (path: a converted directory),
+    both with the hashing (hash_size, num_embeddings_per_feature, max_ind_range: see
+    ``keys.criteo_hash_sizes``), eval_every, epochs, shuffle and seed, and for TSV
+    skip_bad_lines.  Arguments a kind does not use are ignored."""
     if kind == "synthetic":
         return SyntheticCriteo(
             cardinalities=cardinalities,
@@ -50,20 +70,32 @@ def make_dataset(
             num_dense=num_dense,
             num_sparse=num_sparse,
         )
+    if kind not in KINDS:
+        raise ValueError(f"unknown dataset kind {kind!r} (expected one of {', '.join(KINDS)})")
+    if path is None:
+        raise ValueError(f"the {kind} dataset needs a path")
+    sizes = criteo_hash_sizes(num_embeddings_per_feature, max_ind_range, hash_size)
     if kind == "criteo":
-        if path is None:
-            raise ValueError("the criteo dataset needs a path to a TSV file")
         return CriteoTSV(
-            path, hash_size=hash_size, skip_bad_lines=skip_bad_lines, eval_every=eval_every
+            path,
+            hash_size=hash_size,
+            skip_bad_lines=skip_bad_lines,
+            eval_every=eval_every,
+            hash_sizes=sizes,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
         )
-    raise ValueError(f"unknown dataset kind {kind!r} (expected 'synthetic' or 'criteo')")
+    return CriteoBinary(
+        path, hash_sizes=sizes, eval_every=eval_every, epochs=epochs, shuffle=shuffle, seed=seed
+    )
 
 
 def train_batches(
     dataset: Dataset, batch_size: int, start_step: int = 0
 ) -> Iterator[tuple[int, Batch]]:
-    """``(step, global batch)`` from ``start_step`` on: endless for synthetic data, one pass
-    over the file for Criteo (the caller stops after its step count)."""
+    """``(step, global batch)`` from ``start_step`` on: endless for synthetic data, up to the
+    end of the last epoch for Criteo files (the caller stops after its step count)."""
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     return dataset.train_batches(batch_size, start_step)
@@ -72,3 +104,19 @@ def train_batches(
 def eval_batches(dataset: Dataset, batch_size: int, num_batches: int) -> Iterator[Batch]:
     """The first ``num_batches`` global eval batches (always the same ones for a dataset)."""
     return dataset.eval_batches(batch_size, num_batches)
+
+
+def dataset_for(data: DataConfig, seed: int) -> Dataset:
+    """The dataset of a job's ``--data`` flags (the trainer's, and any tool that must read the
+    same batches)."""
+    return make_dataset(
+        data.kind,
+        path=data.path,
+        seed=seed,
+        zipf_exponent=data.zipf_exponent,
+        skip_bad_lines=data.skip_bad_lines,
+        num_embeddings_per_feature=data.num_embeddings_per_feature,
+        max_ind_range=data.max_ind_range,
+        epochs=data.epochs,
+        shuffle=data.shuffle,
+    )

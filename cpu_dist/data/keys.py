@@ -13,7 +13,10 @@ Two layouts exist because the two data sources differ:
   in the high bits: ``key = (f << 32) | (value % hash_size)``. With the default
   ``hash_size = 2**32`` an 8-digit Criteo value is kept as it is (no collisions at all);
   a smaller hash_size folds values modulo it (the "hashing trick", collisions accepted).
-  hash_size may not exceed 2**32, or features would overlap.
+  hash_size may not exceed 2**32, or features would overlap.  The size may differ per feature
+  (:func:`criteo_hash_sizes`: TorchRec's ``--num-embeddings-per-feature`` and DLRM's
+  ``--max-ind-range``); every reader fuses through :func:`fuse_criteo_columns`, so the TSV
+  reader and the converted layout (which stores the raw 32-bit values) give the same keys.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 
 CRITEO_FEATURE_SHIFT = 32
 CRITEO_DEFAULT_HASH_SIZE = 2**32
+CRITEO_NUM_SPARSE = 26
 
 
 def synthetic_offsets(cardinalities: Sequence[int]) -> np.ndarray:
@@ -67,3 +71,41 @@ def fuse_criteo(
 def criteo_feature_of(keys: np.ndarray) -> np.ndarray:
     """Inverse of the feature part of :func:`fuse_criteo` (for tools and tests)."""
     return np.asarray(keys, dtype=np.int64) >> np.int64(CRITEO_FEATURE_SHIFT)
+
+
+def criteo_hash_sizes(
+    num_embeddings_per_feature: Sequence[int] | None = None,
+    max_ind_range: int | None = None,
+    hash_size: int = CRITEO_DEFAULT_HASH_SIZE,
+    num_sparse: int = CRITEO_NUM_SPARSE,
+) -> tuple[int, ...]:
+    """The hash size of each Criteo feature: the smallest of ``num_embeddings_per_feature[f]``
+    (TorchRec's per-feature table sizes), ``max_ind_range`` (DLRM's single number, a cap on
+    every table) and ``hash_size``; ``2**32`` (no folding) where none is given."""
+    sizes = [check_criteo_hash_size(hash_size)] * num_sparse
+    if num_embeddings_per_feature is not None:
+        per = [int(n) for n in num_embeddings_per_feature]
+        if len(per) != num_sparse:
+            raise ValueError(
+                f"num_embeddings_per_feature has {len(per)} entries, the data has "
+                f"{num_sparse} sparse features"
+            )
+        sizes = [min(s, check_criteo_hash_size(n)) for s, n in zip(sizes, per)]
+    if max_ind_range is not None:
+        cap = check_criteo_hash_size(max_ind_range)
+        sizes = [min(s, cap) for s in sizes]
+    return tuple(sizes)
+
+
+def fuse_criteo_columns(values: np.ndarray, hash_sizes: Sequence[int]) -> np.ndarray:
+    """Raw Criteo values ``[n, F]`` (uint32 or int64, feature f in column f) -> fused keys
+    ``[n, F]`` int64: ``(f << 32) | (value % hash_sizes[f])``, as :func:`fuse_criteo`."""
+    v = np.asarray(values)
+    sizes = np.asarray(hash_sizes, dtype=np.int64)
+    if v.ndim != 2 or v.shape[1] != sizes.size:
+        raise ValueError(f"values {v.shape} do not match {sizes.size} hash sizes")
+    keys = v.astype(np.int64)
+    if np.any(sizes != CRITEO_DEFAULT_HASH_SIZE):  # 2**32 leaves a 32-bit value as it is
+        np.remainder(keys, sizes[None, :], out=keys)
+    keys |= np.arange(sizes.size, dtype=np.int64)[None, :] << np.int64(CRITEO_FEATURE_SHIFT)
+    return keys

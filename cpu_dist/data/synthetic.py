@@ -66,7 +66,7 @@ DEFAULT_CARDINALITIES: tuple[int, ...] = (
     100_000,
 )
 
-_SPLIT_CODES = {"train": 1, "eval": 2}
+_SPLIT_CODES = {"train": 1, "eval": 2, "test": 3}
 _HIDDEN_SALT = 0x68696464656E  # "hidden": separates the label hash from other uses of seed
 _PERM_SALT = 0x7065726D  # "perm"
 _MAX_CARDINALITY = 2**31
@@ -145,6 +145,8 @@ class SyntheticCriteo:
         self._sparse_gain = sparse_signal / math.sqrt(num_sparse)
         self._bias = float(bias)
         self._perm_a, self._perm_c = self._permutations()
+        for card in set(cardinalities):  # built now, not in the first batch a trainer waits for
+            _zipf_cdf(card, self.zipf_exponent)
 
     def _permutations(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-feature affine bijection ``rank -> (a*rank + c) mod card`` from a hash of seed."""
@@ -176,7 +178,7 @@ class SyntheticCriteo:
     def global_batch(self, step: int, batch_size: int, split: str = "train") -> Batch:
         """The global batch at ``step``: a pure function of (seed, split, step, batch_size)."""
         if split not in _SPLIT_CODES:
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+            raise ValueError(f"split must be 'train', 'eval' or 'test', got {split!r}")
         if step < 0 or batch_size <= 0:
             raise ValueError(
                 f"need step >= 0 and batch_size > 0, got step={step}, batch_size={batch_size}"
@@ -199,7 +201,20 @@ class SyntheticCriteo:
             yield step, self.global_batch(step, batch_size, "train")
             step += 1
 
+    def worker_batch(self, step: int, batch_size: int, rank: int, world: int) -> Batch:
+        """Worker ``rank``'s share of step ``step``'s global batch (the stream never ends).
+
+        The whole global batch is generated and cut: a share alone is not a function of the
+        step, and generating costs a few milliseconds, off the training thread (``loader.py``).
+        """
+        return self.global_batch(step, batch_size, "train").shard(rank, world)
+
     def eval_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]:
         """The first ``num_batches`` batches of the independent eval stream."""
         for i in range(num_batches):
             yield self.global_batch(i, batch_size, "eval")
+
+    def test_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[Batch]:
+        """The first ``num_batches`` (default 4) batches of the independent test stream."""
+        for i in range(4 if num_batches is None else num_batches):
+            yield self.global_batch(i, batch_size, "test")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ._ps import (
     NUM_PARTITIONS,
     Client,
+    DumpPages,
     Handle,
     PSError,
     Server,
@@ -19,6 +20,7 @@ from ._ps import (
 __all__ = [
     "NUM_PARTITIONS",
     "Client",
+    "DumpPages",
     "Handle",
     "PSError",
     "Server",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Generic, TypedDict, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,7 @@ class Traffic(TypedDict):
     bytes_pushed: int  # key + gradient bytes sent in Push and Commit requests
     keys_pulled: int
     keys_pushed: int
+    retries: int  # pulls and commit chunks sent again after UNAVAILABLE (at most 3 per RPC)
 
 def client_defaults() -> ClientDefaults:
     """Client's keyword defaults, from their one definition (C++ ClientOptions)."""
@@ -48,7 +49,18 @@ class Server:
         max_message_bytes: int = 64 << 20,
         max_blocks_per_stripe: int = 65536,
         checkpoint_dir: str = "",
-    ) -> None: ...
+        session_idle_timeout_s: float = 0.0,
+        max_sessions: int = 1024,
+        max_held_bytes: int = 1 << 30,
+        max_memory_bytes: int = 4 << 30,
+        max_concurrent_streams: int = 256,
+    ) -> None:
+        """One shard.  ``token``: printable ASCII without spaces (it travels as call
+        metadata).  ``session_idle_timeout_s``: commit sessions without a chunk, wait or close
+        for this long are ended (0: never).  ``max_sessions``: live sessions; a new one
+        evicts the least recently active.  ``max_held_bytes``: per session, the chunks held
+        for steps after the next one.  ``max_memory_bytes``: gRPC's memory quota for the
+        server; ``max_concurrent_streams``: per connection.  ValueError on bad values."""
     def start(self) -> int: ...
     @property
     def port(self) -> int: ...
@@ -63,6 +75,15 @@ class Server:
         wait; huge values are capped (1e9 s).  RuntimeError before start()."""
     def stop(self, drain_timeout_s: float = 10.0) -> None: ...
     def stats(self) -> dict[str, int]: ...
+
+_Rows = tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
+
+class DumpPages:
+    """Pages of a dump, (keys, values, state) each: keys sorted inside a page, every page from
+    one shard, pages in no global order; at most one page per shard is held at a time."""
+
+    def __iter__(self) -> DumpPages: ...
+    def __next__(self) -> _Rows: ...
 
 class Handle(Generic[_T]):
     """An asynchronous pull, push or commit in flight (not generic at run time).  Dropping
@@ -108,6 +129,9 @@ class Client:
     def push_async(
         self, keys: npt.ArrayLike, grads: npt.ArrayLike, lr: float, optimizer: str = "sgd"
     ) -> Handle[None]: ...
+    # A shard accepts a commit's chunks for a step up to max_ahead (1..64) beyond its
+    # committed one and holds them; steps still apply in order.  Gradients must be finite in
+    # float32 and lr finite and > 0 (ValueError naming the key or the lr; nothing is sent).
     def commit(
         self,
         session: int,
@@ -118,6 +142,8 @@ class Client:
         grads: npt.ArrayLike,
         lr: float,
         optimizer: str = "sgd",
+        *,
+        max_ahead: int = 1,
     ) -> None: ...
     def commit_async(
         self,
@@ -129,19 +155,28 @@ class Client:
         grads: npt.ArrayLike,
         lr: float,
         optimizer: str = "sgd",
+        *,
+        max_ahead: int = 1,
     ) -> Handle[None]: ...
     def wait_committed(self, session: int, step: int, timeout_s: float) -> int: ...
     def committed_step(self, session: int) -> int: ...
     def close_session(self, session: int, rank: int) -> None: ...
+    def abort_sessions(self) -> list[dict[str, int]]:
+        """End every open commit session on every shard (chunks dropped, waiters failed with
+        ABORTED, later chunks refused): a job that takes the shards over calls this before
+        load().  One {"aborted": n} per shard."""
     def stats(self) -> list[dict[str, int]]: ...
-    def health(self) -> list[dict[str, object]]: ...
+    def health(self) -> list[dict[str, Any]]:
+        """Per shard: serving, shard_index, num_shards, dim, table (str), seed, init_scale
+        (the shard's float32 as a Python float) and rows."""
     def traffic(self) -> Traffic:
         """Payload bytes and keys this client moved in successful RPCs (protobuf framing
         not counted)."""
     def shutdown(self) -> None: ...
-    def dump(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+    def dump(self, *, max_bytes: int | None = None) -> _Rows:
+        """Every row of every shard sorted by key; fetched in pages of at most max_bytes
+        (None: the default, 4 MiB), shards in parallel; no size limit."""
+    def dump_pages(self, *, max_bytes: int | None = None) -> DumpPages: ...
     # Checkpoints; paths are relative to each shard's checkpoint_dir (see checkpoint.h).
     # timeout_s None: the client's timeout_s; a job passes its --checkpoint-timeout.
     def save(

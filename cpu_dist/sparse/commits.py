@@ -6,7 +6,10 @@ Three small parts, each one job:
   first step is the session's step 0), and the wait until a step is applied.
 - hand-off strategies (``--sparse-sync``): :class:`PipelinedHandoff` sends step t's chunks
   asynchronously, and the next hand-off (or a read that needs commit t) first collects their
-  acknowledgements; :class:`BarrierHandoff` also waits until step t is applied.
+  acknowledgements; :class:`BarrierHandoff` also waits until step t is applied.  With
+  staleness K (``--sparse-sync async --max-staleness K``) a shard holds up to K+1 steps beyond
+  its committed one, and a read of step t waits only for commit t-1-K; K=0 is the pipelined
+  mode bit for bit.
 - :class:`SparseCommitter`: per step, aggregation (``aggregation.py``) then the hand-off,
   optionally on a thread of its own (``background=True``, the cache stage: it keeps its rows
   coherent itself, so the hand-off may overlap the dense phase).  Every method that reads the
@@ -80,16 +83,30 @@ class CommitSession:
         """``step`` as the shards count it (what a Save checks its session against)."""
         return step - self.base
 
-    def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> Handle:
-        """This worker's chunks of ``step`` (an empty marker chunk where it has no rows)."""
+    def send(self, step: int, keys: np.ndarray, grads: np.ndarray, max_ahead: int = 1) -> Handle:
+        """This worker's chunks of ``step`` (an empty marker chunk where it has no rows); a
+        shard holds them if ``step`` is at most ``max_ahead`` beyond its committed step."""
         return self.client.commit_async(
-            self.id, step - self.base, self.rank, self.world, keys, grads, self.lr, self.optimizer
+            self.id,
+            step - self.base,
+            self.rank,
+            self.world,
+            keys,
+            grads,
+            self.lr,
+            self.optimizer,
+            max_ahead=max_ahead,
         )
 
-    def wait_applied(self, step: int) -> None:
-        """Block until ``step`` is applied on every shard (at most ``--barrier-timeout``)."""
-        if step < self.base or self.committed >= step:
+    def wait_applied(self, step: int, refresh: bool = False) -> None:
+        """Block until ``step`` is applied on every shard (at most ``--barrier-timeout``).
+        ``refresh``: ask the shards even when ``step`` is known to be applied, to learn how
+        far they are (a read's staleness)."""
+        if step < self.base and not refresh:
             return
+        if self.committed >= step and not refresh:
+            return
+        step = max(step, self.base - 1)
         t0 = time.perf_counter()
         reached = self.client.wait_committed(self.id, step - self.base, self.barrier_timeout_s)
         self.waits.add(time.perf_counter() - t0)
@@ -110,14 +127,22 @@ class Handoff(Protocol):
 
 
 class PipelinedHandoff:
-    def __init__(self, session: CommitSession, rpc_timeout_s: float) -> None:
-        self.session, self.rpc_timeout_s = session, rpc_timeout_s
+    """``staleness`` K: step t's chunks go out once commit t-1-K is applied, so a shard sees
+    at most K+1 steps beyond its committed one (K=0: the synchronous rule)."""
+
+    def __init__(self, session: CommitSession, rpc_timeout_s: float, staleness: int = 0) -> None:
+        self.session, self.rpc_timeout_s, self.staleness = session, rpc_timeout_s, staleness
         self._lock = threading.Lock()
         self._pending: tuple[int, Handle] | None = None
 
     def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
         self.collect(step - 1)  # each hand-off waits for its predecessor's acks
-        handle = self.session.send(step, keys, grads)
+        # ...and for commit t-1-K: a shard holds at most K+1 steps beyond its committed one
+        # and refuses the rest, and a worker whose reads waited for no commit (cache hits)
+        # could otherwise overtake another worker's late chunk.  Its reads already waited for
+        # that commit (or its rows did not depend on it), so this almost never blocks.
+        self.session.wait_applied(step - 1 - self.staleness)
+        handle = self.session.send(step, keys, grads, max_ahead=self.staleness + 1)
         with self._lock:
             self._pending = (step, handle)
 
@@ -148,12 +173,16 @@ class BarrierHandoff(PipelinedHandoff):
         self.session.wait_applied(step)
 
 
-def make_handoff(sync: str, session: CommitSession, rpc_timeout_s: float) -> PipelinedHandoff:
+def make_handoff(
+    sync: str, session: CommitSession, rpc_timeout_s: float, staleness: int = 0
+) -> PipelinedHandoff:
     if sync == "pipelined":
         return PipelinedHandoff(session, rpc_timeout_s)
     if sync == "barrier":
         return BarrierHandoff(session, rpc_timeout_s)
-    raise ValueError(f"sparse sync {sync!r}: expected pipelined or barrier")
+    if sync == "async":
+        return PipelinedHandoff(session, rpc_timeout_s, staleness)
+    raise ValueError(f"sparse sync {sync!r}: expected pipelined, barrier or async")
 
 
 class SparseCommitter:
@@ -170,6 +199,8 @@ class SparseCommitter:
         self.session, self.aggregation, self.handoff = session, aggregation, handoff
         self.exchange_s = 0.0  # id exchange and (collective) row all-reduce, training thread
         self.rows_sent = 0
+        # How many of the previous steps' commits each read did not see (async mode).
+        self.staleness_seen: list[int] = []
         # The rows the last submitted step writes (sorted), when the aggregation knows them.
         self.written: np.ndarray | None = None
         self._pool = (
@@ -239,6 +270,21 @@ class SparseCommitter:
         self.handoff.collect(step - 1)
         self.session.wait_applied(step - 1)
 
+    def wait_for_read(self, step: int) -> None:
+        """Block until a read of ``step`` may go ahead: every commit up to step-1-K applied
+        (K = the hand-off's staleness; K=0 is :meth:`wait_readable`).  Records how many of
+        the previous steps' commits the read does not see."""
+        k = self.handoff.staleness
+        if k == 0:
+            self.wait_readable(step)
+            self.staleness_seen.append(0)
+            return
+        self.drain()
+        if self.committed < step - 1:
+            self.handoff.collect(step - 1 - k)
+            self.session.wait_applied(step - 1 - k, refresh=True)
+        self.staleness_seen.append(max(0, step - 1 - self.committed))
+
     def wait_applied(self, step: int) -> None:
         """Block until ``step`` is applied, without touching the hand-off's state: safe from
         any thread (the cache stage's staging pulls wait here)."""
@@ -254,8 +300,11 @@ class SparseCommitter:
             self._pool.shutdown(wait=True)
 
     def metrics(self) -> dict[str, float]:
+        seen = self.staleness_seen
         return {
             "commit_wait_s": self.session.waits.seconds,
             "sparse_exchange_s": self.exchange_s,
             "rows_pushed": self.rows_sent,
+            "staleness_max": max(seen, default=0),
+            "staleness_mean": sum(seen) / len(seen) if seen else 0.0,
         }

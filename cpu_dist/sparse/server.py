@@ -13,6 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
+from cpu_dist.common.config import JobConfig
+from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.tokens import TokenError, read_token_file
 
 from ._ps import Server
@@ -33,8 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--init-scale",
         type=float,
-        default=0.01,
-        help="first-touch rows are uniform in [-scale, scale)",
+        default=None,
+        help="first-touch rows are uniform in [-scale, scale) (default 1/sqrt(dim), as "
+        "launcher.py's)",
     )
     ap.add_argument("--shard-index", type=int, default=0)
     ap.add_argument("--num-shards", type=int, default=1)
@@ -43,6 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--checkpoint-dir",
         default="",
         help="Save/Load RPCs read and write files under this directory only (default: refused)",
+    )
+    ap.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=JobConfig.session_idle_timeout_s,
+        help="close commit sessions idle this many seconds, e.g. a crashed job's (0: never)",
     )
     ap.add_argument(
         "--drain-timeout",
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     srv = Server(
         args.dim,
         token,
-        init_scale=args.init_scale,
+        init_scale=args.init_scale if args.init_scale is not None else default_init_scale(args.dim),
         host=args.host,
         port=args.port,
         table=args.table,
@@ -78,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         num_shards=args.num_shards,
         max_message_bytes=args.max_message_mb << 20,
         checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else "",
+        session_idle_timeout_s=args.session_idle_timeout,
     )
     srv.start()
     print(f"listening on {srv.address}", flush=True)

@@ -10,7 +10,7 @@ from mpi4py import MPI
 from cpu_dist.data import Dataset, eval_batches
 from cpu_dist.models.dlrm import DLRM
 from cpu_dist.models.embedding import ShardedEmbedding
-from cpu_dist.train import metrics
+from cpu_dist.models.scoring import evaluate
 
 
 def evaluate_model(
@@ -46,4 +46,4 @@ def evaluate_model(
     y = np.concatenate([g[1] for g in gathered])
     if not len(y):
         return {}
-    return {f"eval_{k}": v for k, v in metrics.evaluate(s, y).items()}
+    return {f"eval_{k}": v for k, v in evaluate(s, y).items()}

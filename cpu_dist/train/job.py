@@ -14,8 +14,9 @@ from cpu_dist.common.mpi_context import (
     wait_all,
 )
 from cpu_dist.common.threads import share_cores, workers_on_this_node
-from cpu_dist.common.tokens import external_token
+from cpu_dist.common.tokens import TokenError, external_token
 from cpu_dist.sparse import PSError
+from cpu_dist.train.preflight import SetupError, preflight
 
 
 def _name_shard_rank(message: str, roles: Roles, external: bool) -> str:
@@ -30,10 +31,25 @@ def _name_shard_rank(message: str, roles: Roles, external: bool) -> str:
 
 def run_job(cfg: Config, roles: Roles) -> int:
     external = cfg.job.external_shards
-    token, session = share_job_secret(
-        roles, external_token(cfg.job.token_file) if external else None
-    )
-    job_host = ps_listen_host(roles, cfg.job.ps_host)
+    # Rank 0 alone reads the external token and checks the surroundings; every rank gets
+    # the same verdict, and rank 0 speaks for all.
+    shards_token, problem = None, None
+    if roles.rank == 0 and external:
+        try:
+            shards_token = external_token(cfg.job.token_file)
+        except TokenError as exc:
+            problem = str(exc)
+    problem = roles.world.bcast(problem, root=0)
+    token, session = share_job_secret(roles, shards_token) if problem is None else ("", 0)
+    try:
+        if problem is not None:
+            raise SetupError(problem)
+        preflight(cfg, roles, token)
+    except SetupError as exc:
+        if roles.rank == 0:
+            print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    job_host = ps_listen_host(roles, cfg.job.ps_host, cfg.job.ps_interface)
     if cfg.job.ps_type.lower() == "rdma":
         if job_host != "127.0.0.1" and roles.rank == 0:
             raise RuntimeError(

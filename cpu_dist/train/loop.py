@@ -11,7 +11,7 @@ runs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,10 +23,13 @@ from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.common.timing import PhaseTimer
-from cpu_dist.data import Batch, Dataset, make_dataset, train_batches
-from cpu_dist.dense.allreduce import GradientBuckets, broadcast_parameters, make_dense_optimizer
+from cpu_dist.data import WorkerBatches, dataset_for
+from cpu_dist.dense.allreduce import broadcast_parameters
+from cpu_dist.dense.sync import make_dense_sync
+from cpu_dist.export import export_from_client
 from cpu_dist.models.dlrm import build_dlrm
 from cpu_dist.models.embedding import ShardedEmbedding
+from cpu_dist.serving.bundle import ModelSpec
 from cpu_dist.sparse import Client
 from cpu_dist.train import metrics
 from cpu_dist.train.dump import model_arrays, write_dump
@@ -56,17 +59,6 @@ def make_client(cfg: Config, token: str, addresses: list[str]) -> Client:
     )
 
 
-def dataset_from_config(cfg: Config) -> Dataset:
-    d = cfg.data
-    return make_dataset(
-        d.kind,
-        path=d.path,
-        seed=cfg.train.seed,
-        zipf_exponent=d.zipf_exponent,
-        skip_bad_lines=d.skip_bad_lines,
-    )
-
-
 class Worker:
     """One worker's run: built from the Config, then :meth:`run`."""
 
@@ -76,7 +68,7 @@ class Worker:
         self.chief = self.rank == 0
         self.dtype = torch.float64 if cfg.model.dtype == "float64" else torch.float32
         self.client = make_client(cfg, token, addresses)
-        self.dataset = dataset_from_config(cfg)
+        self.dataset = dataset_for(cfg.data, cfg.train.seed)
         self.embedding = ShardedEmbedding(self.client, cfg.model.embedding_dim)
         self.model = build_dlrm(
             self.embedding,
@@ -89,14 +81,17 @@ class Worker:
             dtype=self.dtype,
         )
         broadcast_parameters(self.model, self.comm)
-        self.buckets = GradientBuckets(self.model.dense_parameters(), self.comm)
-        self.optimizer = make_dense_optimizer(
-            cfg.train.dense_optimizer, self.model.dense_parameters(), cfg.train.lr
+        self.dense = make_dense_sync(
+            cfg.train.dense_sync,
+            list(self.model.dense_parameters()),
+            self.comm,
+            cfg.train.dense_optimizer,
+            cfg.train.lr,
         )
         self.timer = PhaseTimer()
         self.committer = make_committer(cfg, self.client, self.comm, session)
         self.checkpointer = Checkpointer(
-            cfg, self.comm, self.client, self.model, self.optimizer, self.committer
+            cfg, self.comm, self.client, self.model, self.dense, self.committer
         )
         self.start = self.checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
         self.committer.start_at(self.start)
@@ -108,30 +103,41 @@ class Worker:
             cfg.output.tensorboard if self.chief else None,
         )
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
-        self._batches: Iterator[tuple[int, Batch]] = train_batches(
-            self.dataset, cfg.train.batch_size, self.start
+        # This worker's shares, prepared ahead on a background thread (cpu_dist/data/loader.py).
+        self._batches = WorkerBatches(
+            self.dataset,
+            cfg.train.batch_size,
+            self.start,
+            self.rank,
+            self.world,
+            stop_step=cfg.train.max_step,
+            hold=True,  # no batch is made during this thread's data phase (see release below)
         )
 
     def _next_batch(self) -> Prepared | None:
-        """This worker's slice of the next global batch, or None when a finite file ends."""
+        """This worker's slice of the next global batch, or None when the data ends (every
+        worker counts the same steps, so all stop at the same one) or at --max_step."""
         item = next(self._batches, None)
-        if item is None:  # every worker reads the same file, so all stop at the same step
+        if item is None:  # the loader's thread has ended (it stops itself at --max_step)
+            self._batches.close()
             return None
-        batch = item[1].shard(self.rank, self.world)
+        batch = item[1]  # already this worker's rows [r*B/W, (r+1)*B/W)
         keys = torch.from_numpy(batch.keys)
-        return (
+        prepared = (
             keys,
             self.embedding.unique_keys(keys),
             torch.from_numpy(batch.dense).to(self.dtype),
             torch.from_numpy(batch.labels).to(self.dtype),
         )
+        self._batches.release()  # the loader makes the next batch during forward and backward
+        return prepared
 
     def _train_step(self, step: int, prepared: Prepared) -> torch.Tensor:
         keys, unique, dense, labels = prepared
         timer = self.timer
         rows = self.pipeline.read(step, unique)
         with timer("forward"):
-            self.buckets.zero()
+            self.dense.zero_grad()
             loss = self.loss_fn(self.model(dense, keys, rows=rows), labels)
         with timer("backward"):
             loss.backward()
@@ -148,10 +154,10 @@ class Worker:
         return loss
 
     def _dense_step(self) -> None:
-        with self.timer("allreduce"):
-            self.buckets.allreduce_mean()
-        with self.timer("optimizer"):
-            self.optimizer.step()
+        with self.timer("allreduce"):  # reduce (or reduce-scatter) the dense gradients
+            self.dense.reduce()
+        with self.timer("optimizer"):  # (and all-gather the parameters, under reduce_scatter)
+            self.dense.step()
 
     def run(self, stop_shards: bool) -> None:
         cfg = self.cfg
@@ -207,7 +213,8 @@ class Worker:
             **{f"t_{k}": v for k, v in phases.items()},
             "bytes_pulled": traffic["bytes_pulled"],
             "bytes_pushed": traffic["bytes_pushed"],
-            "bytes_allreduced": self.buckets.bytes_reduced,
+            "bytes_allreduced": self.dense.bytes_reduced,
+            "dense_optimizer_state_bytes": self.dense.optimizer_state_bytes(),
             **commits,
             # The training thread's seconds in sparse reads, exchanges and commit waits (with a
             # background hand-off its own commit waits ran on that thread; the training thread
@@ -233,12 +240,31 @@ class Worker:
             self.log.write({"step": step, **result})
         return result
 
+    def _export(self, step: int) -> None:
+        m = self.cfg.model
+        spec = ModelSpec(
+            dim=m.embedding_dim,
+            num_dense=self.dataset.num_dense,
+            num_sparse=self.dataset.num_sparse,
+            bot_mlp=m.bot_mlp,
+            top_mlp=m.top_mlp,
+            dtype=m.dtype,
+            seed=self.cfg.train.seed,
+            init_scale=m.init_scale,
+            table=TABLE,
+        )
+        dense = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        assert self.cfg.output.export is not None
+        export_from_client(self.client, dense, spec, step, Path(self.cfg.output.export))
+
     def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
         result = self._evaluate(steps)
         if self.chief:
             if self.cfg.output.dump_state:
                 keys, values, _ = self.client.dump()
                 write_dump(self.cfg.output.dump_state, model_arrays(self.model, keys, values))
+            if self.cfg.output.export:
+                self._export(steps - 1)
             head = {
                 "steps": steps,
                 "workers": self.world,

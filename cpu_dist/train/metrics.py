@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 import numpy as np
-from sklearn.metrics import log_loss, roc_auc_score
 
 
 def _jsonable(value: Any) -> Any:
@@ -139,20 +138,6 @@ class RunLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def evaluate(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """``{"auc", "logloss"}`` of logits against 0/1 labels (scikit-learn's definitions).
-
-    AUC is NaN when the labels hold one class only (it is undefined there).
-    """
-    s = np.asarray(logits, dtype=np.float64).reshape(-1)
-    y = np.asarray(labels, dtype=np.float64).reshape(-1)
-    if s.shape != y.shape or s.size == 0:
-        raise ValueError(f"need equally many logits and labels (> 0), got {s.shape} and {y.shape}")
-    p = np.exp(-np.logaddexp(0.0, -s))  # sigmoid without overflow
-    auc = float(roc_auc_score(y, s)) if np.unique(y).size == 2 else float("nan")
-    return {"auc": auc, "logloss": float(log_loss(y, p, labels=[0.0, 1.0]))}
 
 
 def _fmt(value: Any) -> str:

@@ -1,7 +1,8 @@
 """How a worker reads a step's rows and hands off its sparse gradients: one small interface,
 several strategies, so the training loop never branches on modes.
 
-``DirectPipeline``    waits for the previous step's commit, then pulls every row.
+``DirectPipeline``    waits for the previous step's commit (with ``--sparse-sync async``, for
+                      commit t-1-K only), then pulls every row.
 ``EarlyPullPipeline`` with pipelined commits: the next step's rows that this step did not
                       write are pulled during the dense phase (``cpu_dist.sparse.reads``).
 the cache stage       ``gpu_cache.CachedRowReader`` (``--read-mode bagpipe``): a bounded row
@@ -57,7 +58,7 @@ class DirectPipeline:
 
     def read(self, step: int, unique: np.ndarray) -> torch.Tensor:
         with self.timer("commit_wait"):
-            self.committer.wait_readable(step)
+            self.committer.wait_for_read(step)
         with self.timer("pull"):
             return torch.from_numpy(self.client.pull(unique))
 
@@ -93,7 +94,7 @@ class EarlyPullPipeline(DirectPipeline):
         if early is None or early.step != step:
             return super().read(step, unique)
         with self.timer("commit_wait"):
-            self.committer.wait_readable(step)
+            self.committer.wait_for_read(step)
         with self.timer("pull"):
             return torch.from_numpy(early.finish(self.timeout_s))
 
@@ -102,6 +103,12 @@ class EarlyPullPipeline(DirectPipeline):
             self._early.discard(self.timeout_s)
             self._early = None
         super().finish(last_step)
+
+
+def _early_pull(cfg: Config) -> bool:
+    """Rows the last step did not write may be pulled early, unless expiry can drop them at
+    its commit (a drop is a write of that step that no worker knows of in advance)."""
+    return cfg.cache is None and cfg.train.sparse_sync == "pipelined" and not cfg.table.expire_after
 
 
 def make_committer(
@@ -117,11 +124,12 @@ def make_committer(
         optimizer=cfg.train.sparse_optimizer,
         barrier_timeout_s=cfg.job.barrier_timeout_s,
     )
-    early_pull = cfg.cache is None and cfg.train.sparse_sync == "pipelined"
+    early_pull = _early_pull(cfg)
+    staleness = cfg.train.max_staleness if cfg.train.sparse_sync == "async" else 0
     return SparseCommitter(
         session,
         make_aggregation(cfg.train.aggregation, comm, exchange_ids=early_pull),
-        make_handoff(cfg.train.sparse_sync, session, cfg.client.rpc_timeout_s),
+        make_handoff(cfg.train.sparse_sync, session, cfg.client.rpc_timeout_s, staleness),
         # the cache keeps its rows coherent, so its hand-off may overlap the dense phase
         background=cfg.cache is not None,
     )
@@ -140,6 +148,6 @@ def make_pipeline(
         from gpu_cache import make_reader
 
         return make_reader(cfg, client, committer, comm, dataset, timer)
-    if cfg.train.sparse_sync == "pipelined":
+    if _early_pull(cfg):
         return EarlyPullPipeline(client, committer, timer, cfg.client.rpc_timeout_s)
     return DirectPipeline(client, committer, timer)

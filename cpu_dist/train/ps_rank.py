@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
@@ -20,6 +21,18 @@ def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
         port = int(p)
     # Save/Load may touch files under --checkpoint-dir only (absolute), or nowhere.
     ckpt_dir = str(Path(cfg.checkpoint.dir).resolve()) if cfg.checkpoint.dir else ""
+    t = cfg.table
+    # The table's tiers and rules (only when set: a shard's defaults are off)
+    table: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("memory_rows", t.memory_rows),
+            ("ssd_dir", str(Path(t.ssd_dir) / f"shard-{roles.role_rank}") if t.ssd_dir else ""),
+            ("admit_after", t.admit_after if t.admit_after > 1 else 0),  # 0 and 1: off
+            ("expire_after", t.expire_after),
+        )
+        if v
+    }
     server, address, error = None, None, None
     try:
         server = Server(
@@ -34,6 +47,8 @@ def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
             num_shards=roles.num_ps_ranks,
             max_message_bytes=cfg.client.max_message_bytes,
             checkpoint_dir=ckpt_dir,
+            session_idle_timeout_s=cfg.job.session_idle_timeout_s,
+            **table,
         )
         bound = server.start()
         # A wildcard bind (asked for explicitly) is published as this node's own address.

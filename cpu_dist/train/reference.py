@@ -98,6 +98,48 @@ def _training_keys(dataset: Dataset, batch_size: int, start_step: int, steps: in
     return np.unique(np.concatenate(parts))
 
 
+class TableRules:
+    """The PS's admission and expiry rules on steps (``--ps-admit-after N``,
+    ``--ps-expire-after S``; docs/DESIGN.md), per key index of the reference's table.
+
+    At step t (its union of keys, ``idx``): every key's count grows by one; a key's gradient is
+    applied once its count reaches N (until then it reads its first-touch row and holds no
+    row); then every row last updated at t-S or earlier is dropped (first-touch value, state
+    0, count 0), and so is the count of a key never admitted and last seen at t-S or earlier."""
+
+    def __init__(self, size: int, admit_after: int = 0, expire_after: int = 0) -> None:
+        self.admit_after, self.expire_after = admit_after, expire_after
+        self.count = np.zeros(size, dtype=np.int64)
+        self.last_update = np.full(size, -1, dtype=np.int64)  # -1: no row held
+        self.last_seen = np.full(size, -1, dtype=np.int64)
+
+    def admitted(self, step: int, idx: np.ndarray) -> np.ndarray:
+        """Bool per key of ``idx`` (the step's union): its gradient is applied."""
+        self.count[idx] += 1
+        self.last_seen[idx] = step
+        ok = self.count[idx] >= max(self.admit_after, 1)
+        self.last_update[idx[ok]] = step
+        return ok
+
+    def expired(self, step: int) -> np.ndarray:
+        """Indices of the rows dropped when ``step`` commits (their counts are reset)."""
+        if self.expire_after <= 0:
+            return np.zeros(0, dtype=np.int64)
+        horizon = step - self.expire_after
+        held = self.last_update >= 0
+        drop = np.flatnonzero(held & (self.last_update <= horizon))
+        waiting = np.flatnonzero(~held & (self.count > 0) & (self.last_seen <= horizon))
+        self.count[drop] = 0
+        self.count[waiting] = 0
+        self.last_update[drop] = -1
+        return drop
+
+    @property
+    def held(self) -> np.ndarray:
+        """Bool per key: the PS holds a row for it (admitted, not expired)."""
+        return self.last_update >= 0
+
+
 class ReferenceTrainer:
     """The reference's state and one training step; :func:`train_reference` drives it.
 
@@ -121,6 +163,9 @@ class ReferenceTrainer:
         init_scale: float,
         init_seed: int,
         dtype: torch.dtype = torch.float32,
+        admit_after: int = 0,
+        expire_after: int = 0,
+        start_step: int = 0,
     ) -> None:
         if sparse_optimizer not in ("sgd", "rowwise_adagrad"):
             raise ValueError(f"unknown sparse optimizer {sparse_optimizer!r}")
@@ -143,7 +188,9 @@ class ReferenceTrainer:
         self.sparse_optimizer = sparse_optimizer
         self.optimizer = make_dense_optimizer(dense_optimizer, self.model.dense_parameters(), lr)
         self.state = np.zeros(len(self.keys), dtype=np.float32)
-        self.touched = np.zeros(len(self.keys), dtype=bool)
+        self.rules = TableRules(len(self.keys), admit_after, expire_after)
+        self.init_seed, self.init_scale, self.dim = init_seed, init_scale, dim
+        self.t = start_step  # the step the next call of step() trains
         self.loss_fn = nn.BCEWithLogitsLoss()
 
     def step(self, batch: Batch) -> float:
@@ -156,23 +203,34 @@ class ReferenceTrainer:
         loss.backward()
 
         assert weight.grad is not None
-        grad = weight.grad.coalesce()  # sums repeated keys: one gradient per touched row
-        idx = grad.indices()[0]
-        idx_np = idx.numpy()
+        grad = weight.grad.coalesce()  # sums repeated keys: one gradient per row of the step
+        ok = self.rules.admitted(self.t, grad.indices()[0].numpy())
+        idx_np = grad.indices()[0].numpy()[ok]
+        idx = torch.from_numpy(idx_np)
         rows = weight.data[idx].to(torch.float32).numpy().copy()  # float32-valued in any dtype
         row_state = self.state[idx_np]
         sparse_update(
             self.sparse_optimizer,
             rows,
             row_state,
-            grad.values().to(torch.float32).numpy(),
+            grad.values()[torch.from_numpy(ok)].to(torch.float32).numpy(),
             self.sparse_lr,
         )
         self.state[idx_np] = row_state
         weight.data[idx] = torch.from_numpy(rows).to(weight.dtype)
-        self.touched[idx_np] = True
+        self._drop(self.rules.expired(self.t))
+        self.t += 1
         self.optimizer.step()
         return float(loss.item())
+
+    def _drop(self, idx: np.ndarray) -> None:
+        """Rows the PS drops: back to their first-touch values, optimizer state 0."""
+        if not len(idx):
+            return
+        first = row_init(self.init_seed, self.keys[idx], self.dim, self.init_scale)
+        weight = self.embedding.bag.weight
+        weight.data[torch.from_numpy(idx)] = torch.from_numpy(first).to(weight.dtype)
+        self.state[idx] = 0.0
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> np.ndarray:
@@ -186,9 +244,10 @@ class ReferenceTrainer:
 
     def dump(self) -> dict[str, np.ndarray]:
         """The --dump-state format (:mod:`cpu_dist.train.dump`)."""
+        held = self.rules.held
         weight = self.embedding.bag.weight.detach()
-        rows = weight[torch.from_numpy(self.touched)].to(torch.float32).numpy()
-        return model_arrays(self.model, self.keys[self.touched].copy(), rows.copy())
+        rows = weight[torch.from_numpy(held)].to(torch.float32).numpy()
+        return model_arrays(self.model, self.keys[held].copy(), rows.copy())
 
 
 def train_reference(
@@ -208,11 +267,13 @@ def train_reference(
     init_seed: int,
     dtype: torch.dtype = torch.float32,
     start_step: int = 0,
+    admit_after: int = 0,
+    expire_after: int = 0,
 ) -> dict[str, np.ndarray]:
     """Train steps ``[start_step, start_step + steps)`` from fresh weights; the --dump-state dict.
 
     Returns ``dense/<name>`` (model dtype) for every dense parameter, ``sparse_keys`` (int64,
-    sorted: every key that received a gradient) and ``sparse_values`` (float32, same order).
+    sorted: every row the PS would hold) and ``sparse_values`` (float32, same order).
     A Criteo file that ends earlier ends the run earlier, as it does the trainer's.
     """
     trainer = ReferenceTrainer(
@@ -230,6 +291,9 @@ def train_reference(
         init_scale=init_scale,
         init_seed=init_seed,
         dtype=dtype,
+        admit_after=admit_after,
+        expire_after=expire_after,
+        start_step=start_step,
     )
     for step, batch in train_batches(dataset, batch_size, start_step):
         if step >= start_step + steps:

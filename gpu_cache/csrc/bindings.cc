@@ -172,5 +172,11 @@ PYBIND11_MODULE(_metadata, m) {
             }
             return to_numpy(out);
           },
-          py::arg("keys"), "last recorded update step of each key, -1 if none");
+          py::arg("keys"), "last recorded update step of each key, -1 if none")
+      .def("prune_updates", &CacheMetadata::prune_updates, py::arg("committed"),
+           py::call_guard<py::gil_scoped_release>(),
+           "forget keys whose last update is a step <= committed (a read of them waits for no "
+           "commit); returns how many")
+      .def_property_readonly("update_entries", &CacheMetadata::update_entries,
+                             "keys the previous-update map holds");
 }

@@ -198,10 +198,29 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> CacheMetadata::resident() 
 
 void CacheMetadata::record_updates(const int64_t* keys, size_t n, int64_t step) {
   last_update_.reserve(last_update_.size() + n);
+  std::vector<int64_t>& recorded = recorded_[step];
+  recorded.insert(recorded.end(), keys, keys + n);
   for (size_t i = 0; i < n; ++i) {
     auto [it, inserted] = last_update_.try_emplace(keys[i], step);
     if (!inserted && step > it->second) it->second = step;
   }
+}
+
+int64_t CacheMetadata::prune_updates(int64_t committed) {
+  int64_t dropped = 0;
+  while (!recorded_.empty() && recorded_.begin()->first <= committed) {
+    const int64_t step = recorded_.begin()->first;
+    for (int64_t key : recorded_.begin()->second) {
+      auto it = last_update_.find(key);
+      // A key recorded again by a later step keeps that entry.
+      if (it != last_update_.end() && it->second == step) {
+        last_update_.erase(it);
+        ++dropped;
+      }
+    }
+    recorded_.erase(recorded_.begin());
+  }
+  return dropped;
 }
 
 std::vector<int64_t> CacheMetadata::previous_update(const int64_t* keys, size_t n) const {

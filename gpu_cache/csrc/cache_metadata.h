@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -65,9 +66,14 @@ class CacheMetadata {
                        const RowMatrix& rows) const;
 
   // Previous global update step: record that step `step` updated these keys, and read back
-  // the last recorded step of each key (-1: never updated).
+  // the last recorded step of each key (-1: never updated, or updated by a committed step).
   void record_updates(const int64_t* keys, size_t n, int64_t step);
   std::vector<int64_t> previous_update(const int64_t* keys, size_t n) const;
+  // Forgets every key whose last update is a step <= committed: a read of that row waits for
+  // no commit, which is what -1 means too.  With it, the map holds only the keys of steps not
+  // yet committed.  Returns how many keys were forgotten.
+  int64_t prune_updates(int64_t committed);
+  int64_t update_entries() const { return static_cast<int64_t>(last_update_.size()); }
 
  private:
   void remove_slot(int64_t slot);
@@ -83,6 +89,7 @@ class CacheMetadata {
   std::vector<uint8_t> used_;  // 1 where a slot holds a key
   std::vector<int64_t> free_;  // free slots, popped from the back
   absl::flat_hash_map<int64_t, int64_t> last_update_;
+  std::map<int64_t, std::vector<int64_t>> recorded_;  // step -> keys recorded for it (unpruned)
 };
 
 }  // namespace gpu_cache

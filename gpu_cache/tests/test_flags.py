@@ -2,7 +2,8 @@
 
 import pytest
 
-from cpu_dist.common.flags import ConfigError, parse_args, validate
+from cpu_dist.common.flags import parse_args
+from cpu_dist.common.validate import ConfigError, validate
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -39,6 +40,7 @@ def test_default_is_uncached():
     [
         (["--read-mode", "bagpipe", "--sparse-optimizer", "rowwise_adagrad"], "sgd only"),
         (["--optimization-prescan"], "needs --read-mode bagpipe"),
+        (["--read-mode", "bagpipe", "--sparse-sync", "async"], "needs a synchronous --sparse-sync"),
         (
             ["--read-mode", "bagpipe", "--optimization-cache-capacity", "0"],
             "positive number of 64-row",

@@ -57,6 +57,20 @@ def test_resume_across_shard_counts_gives_the_same_bits(full, tmp_path):
     assert_bits_equal(got, full[20])
 
 
+def test_resume_onto_another_dense_path_and_worker_count(full, tmp_path):
+    """A checkpoint of the ZeRO-1 path (sharded optimizer state, gathered into the
+    checkpoint) resumes on the allreduce path with another worker count."""
+    d = tmp_path / "ck"
+    rs = ["--dense-sync", "reduce_scatter"]
+    train(tmp_path, "rs", 2, 1, [*OPT, *rs, "--max_step", "12", *ckpt(d, 10)])
+    assert steps_in(d) == [9]
+    got = train(
+        tmp_path, "ar3", 3, 1, [*OPT, "--max_step", "20", "--resume", "--checkpoint-dir", str(d)]
+    )
+    for k in full[20]:  # AdamW: last-bit sum-order differences are magnified (see there)
+        np.testing.assert_allclose(got[k], full[20][k], rtol=1e-3, atol=1e-4, err_msg=k)
+
+
 def test_resume_after_kill_gives_the_same_bits(full, tmp_path):
     d = tmp_path / "ck"
     job = Job(
@@ -150,3 +164,20 @@ def test_resume_with_the_cache_stage(tmp_path, prescan):
         tmp_path, "b", 2, 1, [*cache, "--max_step", "16", "--resume", "--checkpoint-dir", str(d)]
     )
     assert_bits_equal(got, want)
+
+
+def test_a_fresh_run_does_not_take_a_directory_of_another_runs_checkpoints(tmp_path):
+    d = tmp_path / "ck"
+    train(tmp_path, "first", 1, 1, ["--max_step", "4", *ckpt(d, 2)])
+    run_id = json.loads((d / "step-00000003" / "manifest.json").read_text())["run_id"]
+    assert run_id
+    proc = mpirun(2, ["--worker-num", "1", *SMALL, "--max_step", "4", *ckpt(d, 2)])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"--checkpoint-dir {d} already holds checkpoints of another run" in proc.stderr
+    assert f"step 3, run {run_id}" in proc.stderr and "--resume" in proc.stderr
+    assert steps_in(d) == [1, 3]  # nothing was pruned or written
+    # --resume continues that run under its id, and prunes only its own checkpoints
+    train(tmp_path, "second", 1, 1, ["--max_step", "8", "--resume", *ckpt(d, 2)])
+    assert steps_in(d) == [5, 7]
+    ids = {json.loads(m.read_text())["run_id"] for m in d.glob("step-*/manifest.json")}
+    assert ids == {run_id}

@@ -1,25 +1,32 @@
 """Hostile and broken clients against a real shard, through a real gRPC client built from
 proto/ps.proto (grpcio; stubs generated into a temp dir at test time).
 
-- every method refuses a missing or wrong token and changes nothing;
+- every method refuses a missing or wrong token (call metadata) and changes nothing, and a
+  call without the token is refused before its body is read: a huge body costs the shard no
+  memory;
 - a fuzz run sends random and mutated requests (field-level and byte-level) on every method:
   every request gets an answer, the shard stays up, and after every refused request the table
   is byte-identical to before it.  Size: $CPU_DIST_FUZZ_REQUESTS (default 1000, a few seconds);
-- an oversized request is refused by the configured message limit, with memory unmoved.
+- an oversized request is refused by the configured message limit, with memory unmoved;
+- a connection's concurrent streams are bounded.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import subprocess
+import sys
 import time
 
 import grpc
 import numpy as np
 import pytest
 
+from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import Client, Server
-from cpu_dist.sparse.grpc_stubs import generate
+from cpu_dist.sparse.grpc_stubs import generate, token_metadata
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "fuzz-token-0123456789abcdef"
@@ -33,6 +40,7 @@ METHODS = [
     "Commit",
     "WaitCommitted",
     "CloseSession",
+    "AbortSessions",
     "Stats",
     "Health",
     "Dump",
@@ -73,27 +81,27 @@ def snapshot(cl: Client) -> tuple[bytes, bytes, bytes]:
     return k.tobytes(), v.tobytes(), s.tobytes()
 
 
-def call(channel, method: str, payload: bytes, timeout: float = 10.0):
-    """Raw bytes in, (status code, details) out."""
+def call(channel, method: str, payload: bytes, timeout: float = 10.0, token: str = TOKEN):
+    """Raw bytes in (the token as call metadata), (status code, details) out."""
     fn = channel.unary_unary(METHOD + method)
     try:
-        fn(payload, timeout=timeout)
+        fn(payload, timeout=timeout, metadata=token_metadata(token))
         return grpc.StatusCode.OK, ""
     except grpc.RpcError as e:
         return e.code(), e.details()
 
 
-def valid_request(pb, method: str, rng: np.random.Generator, token: str = TOKEN):
+def valid_request(pb, method: str, rng: np.random.Generator):
     n = int(rng.integers(0, 20))
     keys = rng.integers(-(2**40), 2**40, n).astype(np.int64).tobytes()
     grads = rng.standard_normal((n, DIM)).astype(np.float32).tobytes()
-    common = dict(token=token)
+    common: dict = {}
     if method == "Pull":
-        return pb.PullRequest(**common, table="embedding", dim=DIM, keys=keys)
+        return pb.PullRequest(**common, table=b"embedding", dim=DIM, keys=keys)
     if method == "Push":
         return pb.PushRequest(
             **common,
-            table="embedding",
+            table=b"embedding",
             dim=DIM,
             keys=keys,
             grads=grads,
@@ -103,7 +111,7 @@ def valid_request(pb, method: str, rng: np.random.Generator, token: str = TOKEN)
     if method == "Commit":
         return pb.CommitRequest(
             **common,
-            table="embedding",
+            table=b"embedding",
             session=int(rng.integers(1, 4)),
             step=0,
             rank=0,
@@ -124,19 +132,21 @@ def valid_request(pb, method: str, rng: np.random.Generator, token: str = TOKEN)
             **common, session=int(rng.integers(1, 4)), rank=int(rng.integers(0, 3))
         )
     if method == "Dump":
-        return pb.DumpRequest(**common, table="embedding")
+        return pb.DumpRequest(
+            **common, table=b"embedding", partition=int(rng.integers(0, 4096)), max_bytes=4096
+        )
     if method == "Save":
         return pb.SaveRequest(
             **common,
-            table="embedding",
-            path=pick(rng, ["f/a.bin", "b.bin"]),
+            table=b"embedding",
+            path=pick(rng, [b"f/a.bin", b"b.bin"]),
             step=int(rng.integers(0, 5)),
         )
     if method == "Load":
         return pb.LoadRequest(
             **common,
-            table="embedding",
-            paths=[pick(rng, ["f/a.bin", "b.bin", "none.bin"])],
+            table=b"embedding",
+            paths=[pick(rng, [b"f/a.bin", b"b.bin", b"none.bin"])],
             stage=int(rng.integers(0, 4)),
         )
     return getattr(pb, f"{method}Request")(**common)
@@ -148,10 +158,10 @@ def pick(rng: np.random.Generator, options: list):
 
 def random_value(field, rng: np.random.Generator):
     t = field.type
-    if t == field.TYPE_STRING:
-        return str(
-            pick(rng, ["", TOKEN, TOKEN + "x", TOKEN[:-1], "embedding", "other", "\u00e9" * 3])
-        )
+    if field.name == "table":
+        return pick(rng, [b"embedding", b"embedding", b"other", b"\xff\xfe\x00", b""])
+    if field.name == "path":
+        return random_value_scalar(field, rng)
     if t == field.TYPE_BYTES:
         choice = int(rng.integers(0, 4))
         if choice == 0:
@@ -178,13 +188,15 @@ def random_value(field, rng: np.random.Generator):
 
 
 def random_value_scalar(field, rng: np.random.Generator):
-    if field.type == field.TYPE_STRING:
-        return str(pick(rng, ["f/a.bin", "../x", "/etc/passwd", "", "a//b", "none.bin"]))
+    if field.type == field.TYPE_BYTES:  # Load's paths
+        return pick(rng, [b"f/a.bin", b"../x", b"/etc/passwd", b"", b"a//b", b"none.bin", b"\xff"])
     return int(pick(rng, [0, 1, 7, 2**32 - 1]))
 
 
 def mutate_fields(msg, rng: np.random.Generator):
     fields = msg.DESCRIPTOR.fields
+    if not fields:  # Stats, Health, Shutdown, AbortSessions: only the bytes can be mutated
+        return mutate_bytes(msg.SerializeToString(), rng)
     for _ in range(int(rng.integers(1, 4))):
         f = fields[int(rng.integers(0, len(fields)))]
         if f.is_repeated:  # Load's paths, sizes, checksums
@@ -229,8 +241,8 @@ def test_wrong_or_missing_token_is_refused_everywhere(shard, pb):
             (TOKEN[:-1], "wrong token"),
             (TOKEN + "x", "wrong token"),
         ):
-            req = valid_request(pb, method, rng, token=token)
-            code, details = call(channel, method, req.SerializeToString())
+            req = valid_request(pb, method, rng)
+            code, details = call(channel, method, req.SerializeToString(), token=token)
             assert code == grpc.StatusCode.UNAUTHENTICATED, (method, token, code, details)
             assert want in details
     assert snapshot(cl) == before
@@ -247,18 +259,16 @@ def test_fuzz_every_method(shard, pb):
         method = METHODS[i % len(METHODS)]
         # Shutdown only ever goes out with a bad token: a valid one would (rightly) stop it.
         token = TOKEN if method != "Shutdown" else "not-the-token-" + "z" * 12
-        req = valid_request(pb, method, rng, token=token)
+        req = valid_request(pb, method, rng)
         mode = int(rng.integers(0, 3))
         if mode == 0:
             payload = mutate_fields(req, rng)
-            if method == "Shutdown" and TOKEN.encode() in payload:
-                payload = b""  # keep the token wrong whatever the mutation picked
         elif mode == 1:
             payload = mutate_bytes(req.SerializeToString(), rng)
         else:
             payload = req.SerializeToString()
         timeout = 0.2 if method == "WaitCommitted" else 10.0
-        code, details = call(channel, method, payload, timeout)
+        code, details = call(channel, method, payload, timeout, token=token)
         outcomes[method][code.name] += 1
         # A long poll is answered shortly before the caller's deadline; on a loaded machine the
         # caller's 0.2 s may run out first, which is still an answer (and changes nothing).
@@ -298,12 +308,11 @@ def test_oversized_request_refused_by_the_configured_limit(shard, pb):
         big = bytes(8 * n)
         payload = {
             "Push": lambda: pb.PushRequest(
-                token=TOKEN, table="embedding", dim=DIM, keys=big, grads=bytes(4 * DIM * n), lr=0.1
+                table=b"embedding", dim=DIM, keys=big, grads=bytes(4 * DIM * n), lr=0.1
             ),
-            "Pull": lambda: pb.PullRequest(token=TOKEN, table="embedding", dim=DIM, keys=big * 4),
+            "Pull": lambda: pb.PullRequest(table=b"embedding", dim=DIM, keys=big * 4),
             "Commit": lambda: pb.CommitRequest(
-                token=TOKEN,
-                table="embedding",
+                table=b"embedding",
                 session=9,
                 world_size=1,
                 chunk_count=1,
@@ -332,8 +341,7 @@ def test_fields_that_size_allocations_are_capped(shard, pb):
     rss0 = resident_bytes(os.getpid())
     for ws, cc in [(2**32 - 1, 1), (2**31, 1), (1, 2**32 - 1), (1, 2**31), (10**8, 1)]:
         req = pb.CommitRequest(
-            token=TOKEN,
-            table="embedding",
+            table=b"embedding",
             session=77,
             step=0,
             rank=0,
@@ -353,3 +361,82 @@ def test_fields_that_size_allocations_are_capped(shard, pb):
     assert snapshot(cl) == before
     assert resident_bytes(os.getpid()) - rss0 < 64 << 20
     assert cl.health()[0]["serving"]
+
+
+def peak_resident_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@contextlib.contextmanager
+def shard_process(tmp_path, max_message_mb: int):
+    """A shard in a process of its own (its memory is its own), and its pid and address."""
+    tf = tmp_path / "token"
+    write_token_file(str(tf), TOKEN)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cpu_dist.sparse.server",
+            *("--port", "0", "--dim", str(DIM), "--token-file", str(tf)),
+            *("--max-message-mb", str(max_message_mb)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = p.stdout.readline().strip()
+        assert line.startswith("listening on "), (line, p.stderr.read() if p.poll() else "")
+        yield p.pid, line.split()[-1]
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
+def test_a_huge_body_without_the_token_is_refused_before_it_is_read(tmp_path, pb):
+    body = 256 << 20
+    with shard_process(tmp_path, max_message_mb=320) as (pid, address):
+        cl = Client([address], TOKEN, DIM, timeout_s=20.0)
+        cl.health()
+        peak0 = peak_resident_bytes(pid)
+        n = body // (8 + 4 * DIM)
+        req = pb.PushRequest(
+            table=b"embedding", dim=DIM, keys=bytes(8 * n), grads=bytes(4 * DIM * n), lr=0.1
+        ).SerializeToString()
+        opts = [("grpc.max_send_message_length", 512 << 20)]
+        with grpc.insecure_channel(address, options=opts) as channel:
+            for token in ("", "wrong"):  # no token, then a wrong one
+                code, details = call(channel, "Push", req, timeout=60.0, token=token)
+                assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+        grew = peak_resident_bytes(pid) - peak0
+        stats = cl.stats()[0]
+        print(f"FIGURE {body >> 20} MiB body without a token: shard peak grew {grew >> 20} MiB")
+        assert grew < 32 << 20, grew  # not the body, not a parsed copy of it
+        assert stats["bytes_in"] < 1 << 20 and stats["rows"] == 0 and stats["errors"] == 2
+
+
+def test_concurrent_streams_of_a_connection_are_bounded(pb):
+    srv = Server(DIM, TOKEN, init_scale=0.1, max_concurrent_streams=4)
+    srv.start()
+    try:
+        with grpc.insecure_channel(srv.address) as channel:
+            wait = channel.unary_unary(METHOD + "WaitCommitted")
+            req = pb.WaitCommittedRequest(session=1, step=0).SerializeToString()
+            md = token_metadata(TOKEN)
+            polls = [wait.future(req, timeout=30, metadata=md) for _ in range(7)]
+            deadline = time.monotonic() + 20
+            while srv.stats()["waiters"] < 4:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)  # a poll interval
+            parked = [srv.stats()["waiters"] for _ in range(20)]
+            assert max(parked) == 4, parked  # the other 3 wait in the client for a stream
+            cl = Client([srv.address], TOKEN, DIM, timeout_s=20.0)
+            cl.commit(1, 0, 0, 1, np.arange(3, dtype=np.int64), np.ones((3, DIM), np.float32), 0.1)
+            for f in polls:
+                f.result(timeout=30)  # every poll answered once the step committed
+    finally:
+        srv.stop(2.0)

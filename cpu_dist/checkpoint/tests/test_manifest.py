@@ -24,13 +24,13 @@ from cpu_dist.checkpoint.manifest import (
 )
 
 
-def make(root, step: int, write_manifest: bool = True) -> Manifest:
+def make(root, step: int, write_manifest: bool = True, run_id: str = "r1") -> Manifest:
     d = root / step_dir_name(step)
     d.mkdir(parents=True)
     (d / "shard-00000-of-00001.bin").write_bytes(b"x" * 10)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    dense = save_dense(d / "dense.pt", model, opt, step)
+    dense = save_dense(d / "dense.pt", model, opt.state_dict(), step)
     m = Manifest(
         step=step,
         table="embedding",
@@ -39,11 +39,25 @@ def make(root, step: int, write_manifest: bool = True) -> Manifest:
         shards=[FileEntry("shard-00000-of-00001.bin", 10, 123, 1)],
         dense=dense,
         config={"model.embedding_dim": 8, "train.dense_optimizer": "adamw"},
+        run_id=run_id,
     )
     if write_manifest:
         m.write(d)
     m.path = d
     return m
+
+
+def test_a_run_prunes_only_its_own_checkpoints(tmp_path):
+    for step, run in [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b")]:
+        make(tmp_path, step, run_id=run)
+    assert read_manifest(tmp_path / "step-00000004").run_id == "a"
+    removed = prune(tmp_path, 1, "a")
+    assert sorted(p.name for p in removed) == ["step-00000001", "step-00000003"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000002",
+        "step-00000004",
+        "step-00000005",
+    ]
 
 
 def test_newest_complete_checkpoint_is_chosen(tmp_path):
@@ -130,7 +144,7 @@ def test_dense_state_round_trip_is_bit_exact(tmp_path):
         opt.step()
     np.random.seed(5)
     random.seed(6)
-    save_dense(tmp_path / "d.pt", model, opt, 2)
+    save_dense(tmp_path / "d.pt", model, opt.state_dict(), 2)
     want_next = (torch.rand(3), np.random.rand(3), random.random())
 
     def step_all(m, o):
@@ -144,7 +158,7 @@ def test_dense_state_round_trip_is_bit_exact(tmp_path):
     torch.manual_seed(99)
     other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     other_opt = torch.optim.AdamW(other.parameters(), lr=0.01)
-    load_dense(tmp_path / "d.pt", other, other_opt, 2)
+    other_opt.load_state_dict(load_dense(tmp_path / "d.pt", other, 2))
     got_next = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(want_next[0], got_next[0])
     np.testing.assert_array_equal(want_next[1], got_next[1])
@@ -152,7 +166,7 @@ def test_dense_state_round_trip_is_bit_exact(tmp_path):
     for a, b in zip(step_all(other, other_opt), want):
         assert torch.equal(a, b)  # same parameters after one more AdamW step: state restored
     with pytest.raises(CheckpointError, match="holds step 2, the manifest says 5"):
-        load_dense(tmp_path / "d.pt", other, other_opt, 5)
+        load_dense(tmp_path / "d.pt", other, 5)
     wrong = torch.nn.Linear(4, 2)
     with pytest.raises(CheckpointError, match="dense parameters do not match"):
-        load_dense(tmp_path / "d.pt", wrong, torch.optim.SGD(wrong.parameters(), lr=1), 2)
+        load_dense(tmp_path / "d.pt", wrong, 2)

@@ -1,13 +1,8 @@
 import pytest
 
 from cpu_dist.common.config import ClientConfig, Config
-from cpu_dist.common.flags import (
-    ConfigError,
-    parse_args,
-    parse_ps_list,
-    setting_flag,
-    validate,
-)
+from cpu_dist.common.flags import parse_args, setting_flag
+from cpu_dist.common.validate import ConfigError, parse_ps_list, validate
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -87,6 +82,7 @@ def test_original_spellings_are_accepted():
         (["--arch-mlp-bot", "a-b"], 3, "--arch-mlp-bot 'a-b'"),
         (["--lr", "-1"], 3, "--lr -1.0"),
         (["--barrier-timeout", "0"], 3, "--barrier-timeout 0.0"),
+        (["--sparse-sync", "async", "--max-staleness", "64"], 3, "must be in 0..63"),
         (["--checkpoint-timeout", "nan"], 3, "--checkpoint-timeout nan"),
         (["--ps_list", "host-without-port"], 3, "expected host:port"),
         (

@@ -38,3 +38,8 @@ def test_the_environment_is_the_fallback(tmp_path, monkeypatch):
     monkeypatch.setenv("CPU_DIST_TOKEN", "from-env")
     assert external_token(None) == "from-env"
     assert external_token(write(tmp_path / "t", "from-file", 0o600)) == "from-file"
+
+
+def test_a_token_that_cannot_travel_as_metadata_is_refused(tmp_path):
+    with pytest.raises(TokenError, match="printable ASCII without spaces"):
+        read_token_file(write(tmp_path / "t", "two words", 0o600))

@@ -53,7 +53,7 @@ def test_custom_cardinalities_and_validation():
     with pytest.raises(ValueError):
         SyntheticCriteo(zipf_exponent=0)
     with pytest.raises(ValueError):
-        d.global_batch(0, 8, split="test")
+        d.global_batch(0, 8, split="valid")
 
 
 def test_ids_follow_bounded_zipf_with_hot_ids_permuted():

@@ -1,3 +1,4 @@
+// Reading a shard checkpoint for a load; the writer is checkpoint_save.cc.
 #include "checkpoint.h"
 
 #include <fcntl.h>
@@ -12,160 +13,19 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint_io.h"
 #include "hashing.h"
 
 namespace cpu_dist::ps::ckpt {
 
-namespace {
-
 using grpc::StatusCode;
-constexpr size_t kMaxTableLen = 4096;
 
+namespace {
+constexpr size_t kMaxTableLen = 4096;
 struct FreeBytes {
   void operator()(char* p) const { std::free(p); }
 };
-
-// An owned file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now, reporting errors (a failed close can mean lost writes).
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
-std::string errno_text() { return std::strerror(errno); }
-
-void pwrite_all(int fd, const void* data, size_t n, uint64_t off, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      throw CheckpointError(StatusCode::INTERNAL,
-                            absl::StrCat("checkpoint ", path, ": write failed: ", errno_text()));
-    p += w;
-    n -= static_cast<size_t>(w);
-    off += static_cast<uint64_t>(w);
-  }
-}
-
-// False at end of file.
-bool pread_all(int fd, void* data, size_t n, uint64_t off) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
-void fsync_parent(const std::filesystem::path& p) {
-  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
-  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d.get() >= 0) ::fsync(d.get());
-}
-
-// Writes the snapshot's rows as partition blocks (partition 0 first, keys ascending in each)
-// from offset `off` on; fills h's row counts and block checksums.  Returns the end offset.
-uint64_t write_blocks(int fd, const std::vector<ShardTable::RowRef>& refs, uint32_t dim,
-                      uint64_t off, FileHeader& h, const std::string& path) {
-  const size_t n = refs.size();
-  h.partition_rows.assign(kNumPartitions, 0);
-  h.partition_crc.assign(kNumPartitions, 0);
-  h.fixed.rows = n;
-  std::vector<uint32_t> part(n);
-  for (size_t i = 0; i < n; ++i) ++h.partition_rows[part[i] = partition_of(refs[i].key)];
-  std::vector<uint64_t> start(kNumPartitions + 1, 0);
-  for (uint32_t p = 0; p < kNumPartitions; ++p) start[p + 1] = start[p] + h.partition_rows[p];
-  std::vector<uint64_t> pos(start.begin(), start.end() - 1);
-  std::vector<uint32_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[pos[part[i]]++] = static_cast<uint32_t>(i);
-  std::vector<char> buf;
-  for (uint32_t p = 0; p < kNumPartitions; ++p) {
-    const size_t m = h.partition_rows[p];
-    if (m == 0) continue;
-    const auto first = order.begin() + static_cast<std::ptrdiff_t>(start[p]);
-    std::sort(first, first + static_cast<std::ptrdiff_t>(m),
-              [&](uint32_t a, uint32_t b) { return refs[a].key < refs[b].key; });
-    buf.resize(m * (sizeof(int64_t) + (dim + 1) * sizeof(float)));
-    char* k = buf.data();
-    char* v = k + m * sizeof(int64_t);
-    char* s = v + m * dim * sizeof(float);
-    for (size_t j = 0; j < m; ++j) {
-      if (j + 8 < m) __builtin_prefetch(refs[first[static_cast<std::ptrdiff_t>(j + 8)]].values);
-      const ShardTable::RowRef& r = refs[first[static_cast<std::ptrdiff_t>(j)]];
-      std::memcpy(k + j * sizeof(int64_t), &r.key, sizeof(int64_t));
-      std::memcpy(v + j * dim * sizeof(float), r.values, dim * sizeof(float));
-      std::memcpy(s + j * sizeof(float), &r.state, sizeof(float));
-    }
-    h.partition_crc[p] = crc32_of(0, buf.data(), buf.size());
-    pwrite_all(fd, buf.data(), buf.size(), off, path);
-    off += buf.size();
-  }
-  return off;
-}
-
 }  // namespace
-
-SaveResult save_shard(const ShardTable& table, const ShardMeta& meta, const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  std::error_code ec;
-  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
-  if (ec)
-    throw CheckpointError(
-        StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("checkpoint ", path, ": cannot create its directory: ", ec.message()));
-  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
-  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (f.get() < 0)
-    throw CheckpointError(StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("checkpoint ", tmp, ": cannot create: ", errno_text()));
-  FileHeader h;
-  h.fixed.dim = table.dim();
-  h.fixed.shard_index = meta.shard_index;
-  h.fixed.num_shards = meta.num_shards;
-  h.fixed.step = meta.step;
-  h.table = meta.table;
-  SaveResult res;
-  try {
-    table.with_snapshot([&](const std::vector<ShardTable::RowRef>& refs) {
-      res.bytes = write_blocks(f.get(), refs, h.fixed.dim, header_size(h.table.size()), h, tmp);
-    });
-    const std::string head = encode_header(h);
-    pwrite_all(f.get(), head.data(), head.size(), 0, tmp);
-    if (::fsync(f.get()) != 0 || f.close() != 0)
-      throw CheckpointError(StatusCode::INTERNAL,
-                            absl::StrCat("checkpoint ", tmp, ": flush failed: ", errno_text()));
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw CheckpointError(StatusCode::INTERNAL,
-                            absl::StrCat("checkpoint ", path, ": rename failed: ", errno_text()));
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  fsync_parent(target);
-  res.rows = h.fixed.rows;
-  res.checksum = h.header_crc;
-  return res;
-}
 
 namespace {
 

@@ -4,8 +4,9 @@
 // (FixedHeader, FileHeader, encode_header / decode_header).
 //
 // The header checksum covers the partition checksums, so the manifest needs only the header
-// checksum and the size of each file.  Files are written to a temporary name, fsynced and
-// renamed; loading checks everything before the table is touched.
+// checksum and the size of each file.  Files are written to a unique temporary name (opened
+// with O_EXCL | O_NOFOLLOW), fsynced and renamed, and every directory created or changed on
+// the way is fsynced; loading checks everything before the table is touched.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +46,11 @@ struct SaveResult {
   uint32_t checksum = 0;  // header_crc
 };
 
-// Writes a consistent snapshot of `table` to `path` (parent directories are created).
-SaveResult save_shard(const ShardTable& table, const ShardMeta& meta, const std::string& path);
+// Writes `table`, which the caller holds frozen (no update lands meanwhile; pulls go on), to
+// `path` (parent directories are created) in pieces of partitions, each copied out under the
+// stripe locks and written with no lock held.
+SaveResult save_shard(const ShardTable& table, const ShardTable::Frozen& frozen,
+                      const ShardMeta& meta, const std::string& path);
 
 struct FileSpec {
   std::string path;

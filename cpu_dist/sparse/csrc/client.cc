@@ -14,6 +14,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "malloc_tuning.h"
 #include "merge.h"
+#include "token.h"
 #include "wire.h"
 
 namespace cpu_dist::ps {
@@ -43,6 +44,7 @@ Optimizer to_proto(OptimizerKind k) {
 
 void check_options(const ClientOptions& o) {
   if (o.addresses.empty()) throw std::invalid_argument("addresses must not be empty");
+  check_token_text(o.token);
   if (o.dim == 0) throw std::invalid_argument("dim must be >= 1");
   if (o.max_keys_per_rpc == 0) throw std::invalid_argument("max_keys_per_rpc must be >= 1");
   if (o.channels_per_shard == 0) throw std::invalid_argument("channels_per_shard must be >= 1");
@@ -119,6 +121,10 @@ PsClient::PsClient(ClientOptions opts) : opts_(std::move(opts)) {
       // A private subchannel pool and a distinct argument: one TCP connection per channel.
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       args.SetInt("cpu_dist.channel_index", static_cast<int>(j));
+      // Reconnect soon after a lost connection (gRPC's default waits a second), so that a
+      // retry after its back-off (kFirstBackoff...) finds the connection being made again.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
       auto ch = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
       s.stubs.push_back(std::make_unique<grpc::GenericStub>(ch));
       s.channels.push_back(std::move(ch));
@@ -175,10 +181,35 @@ Call& PsClient::add_part_call(Calls& calls, const Part& part, const char* method
 
 void PsClient::start_call(Call& c, grpc::CompletionQueue* cq,
                           std::chrono::system_clock::time_point deadline) {
-  c.ctx.set_deadline(deadline);
-  c.reader = shards_[c.shard].stubs[c.channel]->PrepareUnaryCall(&c.ctx, c.method, c.request, cq);
+  c.deadline = deadline;
+  c.reader.reset();  // lives in the previous attempt's call arena: before its context goes
+  c.ctx = std::make_unique<grpc::ClientContext>();
+  c.ctx->set_deadline(deadline);
+  c.ctx->AddMetadata(kTokenMetadataKey, opts_.token);
+  c.response.Clear();
+  c.reader =
+      shards_[c.shard].stubs[c.channel]->PrepareUnaryCall(c.ctx.get(), c.method, c.request, cq);
   c.reader->StartCall();
   c.reader->Finish(&c.response, &c.status, &c);
+}
+
+bool PsClient::advance(Call& c, grpc::CompletionQueue* cq) {
+  if (c.backing_off) {  // the alarm: send it again
+    c.backing_off = false;
+    start_call(c, cq, c.deadline);
+    return true;
+  }
+  if (!c.idempotent || c.retries >= kMaxRetries ||
+      c.status.error_code() != grpc::StatusCode::UNAVAILABLE)
+    return false;
+  const auto wake = std::chrono::system_clock::now() + kFirstBackoff * (1u << c.retries);
+  if (wake >= c.deadline) return false;  // within the call's own deadline, or not at all
+  ++c.retries;
+  traffic_.add_retry();
+  c.backing_off = true;
+  c.alarm = std::make_unique<grpc::Alarm>();
+  c.alarm->Set(cq, wake, &c);
+  return true;
 }
 
 void PsClient::settle(Call& c) {
@@ -194,11 +225,14 @@ void PsClient::run_calls(Calls& calls, double timeout_s) {
   grpc::CompletionQueue cq;
   const auto deadline = deadline_in(timeout_s);
   for (auto& c : calls) start_call(*c, &cq, deadline);
-  for (size_t left = calls.size(); left > 0; --left) {
+  for (size_t left = calls.size(); left > 0;) {
     void* tag = nullptr;
     bool ok = false;
     if (!cq.Next(&tag, &ok)) break;
-    settle(*static_cast<Call*>(tag));  // decode while the others fly
+    Call& c = *static_cast<Call*>(tag);
+    if (advance(c, &cq)) continue;
+    settle(c);  // decode while the others fly
+    --left;
   }
   cq.Shutdown();
   void* tag;
@@ -238,6 +272,7 @@ void PsClient::async_loop() {
   bool ok = false;
   while (async_cq_.Next(&tag, &ok)) {
     Call* c = static_cast<Call*>(tag);
+    if (advance(*c, &async_cq_)) continue;
     settle(*c);
     AsyncOp* op = c->op;
     if (!op->finish_call()) continue;
@@ -262,7 +297,6 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   auto split = std::make_shared<const ShardSplit>(
       keys, n, &firsts->first(), limits(), SplitRule::kSpreadOverChannels, next_channel_base());
   PullRequest head;
-  head.set_token(opts_.token);
   head.set_table(opts_.table);
   head.set_dim(dim);
   PartPayload payload;
@@ -271,6 +305,7 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   PullPlan plan;
   for (const Part& p : split->parts()) {
     Call& c = add_part_call(plan.calls, p, kPull, TrafficKind::kPull);
+    c.idempotent = true;
     ShardSplit::serialize(p, head, payload, &c.request);
     c.on_reply = [split, p, dim, out](Call& call) {
       return decode_rows(call.response, p, dim, out);
@@ -307,7 +342,6 @@ std::shared_ptr<AsyncOp> PsClient::push_async(const Gradients& g) {
   const ShardSplit split(acc.keys().data(), acc.size(), nullptr, limits(),
                          SplitRule::kSpreadOverChannels, next_channel_base());
   PushRequest head;
-  head.set_token(opts_.token);
   head.set_table(opts_.table);
   head.set_dim(opts_.dim);
   head.set_lr(g.lr);
@@ -327,12 +361,12 @@ std::shared_ptr<AsyncOp> PsClient::commit_async(const CommitPoint& at, const Gra
   const ShardSplit split(g.keys, g.n, nullptr, limits(), SplitRule::kChunkEveryShard,
                          next_channel_base());
   CommitRequest head;
-  head.set_token(opts_.token);
   head.set_table(opts_.table);
   head.set_session(at.session);
   head.set_step(at.step);
   head.set_rank(at.rank);
   head.set_world_size(at.world_size);
+  head.set_max_ahead(at.max_ahead);
   head.set_dim(opts_.dim);
   head.set_lr(g.lr);
   head.set_optimizer(to_proto(g.optimizer));
@@ -342,8 +376,9 @@ std::shared_ptr<AsyncOp> PsClient::commit_async(const CommitPoint& at, const Gra
   for (const Part& p : split.parts()) {
     head.set_chunk_index(p.index);
     head.set_chunk_count(p.count);
-    ShardSplit::serialize(p, head, payload,
-                          &add_part_call(calls, p, kCommit, TrafficKind::kPush).request);
+    Call& c = add_part_call(calls, p, kCommit, TrafficKind::kPush);
+    c.idempotent = true;  // the shard acknowledges an identical chunk again
+    ShardSplit::serialize(p, head, payload, &c.request);
   }
   return run_async(std::move(calls));
 }

@@ -4,6 +4,9 @@
 // channels), keeps all of them in flight at once, and decodes each reply straight into the
 // output rows.  Every update (push, commit) and pull_async runs asynchronously behind an
 // AsyncOp; the blocking push and commit are the asynchronous ones followed by a wait.
+// Every call carries the token as call metadata.  Pulls and commit chunks (idempotent: the
+// shard deduplicates chunks) are sent again after UNAVAILABLE, at most kMaxRetries times with
+// exponential back-off, within the call's own deadline; pushes never are.
 #pragma once
 
 #include <atomic>
@@ -22,6 +25,7 @@
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "optimizer.h"
+#include "paging.h"
 #include "ps.pb.h"
 #include "rpc_call.h"
 #include "shard_split.h"
@@ -51,12 +55,40 @@ struct Gradients {
   OptimizerKind optimizer = OptimizerKind::kSgd;
 };
 
-// Where a commit belongs: rank `rank` of `world_size`, step `step` of session `session`.
+// Where a commit belongs: rank `rank` of `world_size`, step `step` of session `session`; a
+// shard accepts it up to max_ahead steps beyond its committed one (1: the next step only).
 struct CommitPoint {
   uint64_t session = 0;
   int64_t step = 0;
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  uint32_t max_ahead = 1;
+};
+
+// Retries of idempotent calls: at most kMaxRetries, the first after kFirstBackoff, each
+// next one after twice the previous wait (50, 100, 200 ms).
+inline constexpr uint32_t kMaxRetries = 3;
+inline constexpr std::chrono::milliseconds kFirstBackoff{50};
+
+class PsClient;
+
+// Pages of every shard's rows (Client.dump_pages): fetches the next page of every shard not
+// yet done in parallel, and holds at most one page per shard.
+class DumpPager {
+ public:
+  DumpPager(PsClient& client, uint64_t max_bytes);
+  // The next non-empty page (keys sorted inside it); false when every shard is done.
+  bool next(TableDump* page);
+
+ private:
+  struct Shard {
+    PageCursor cursor;
+    bool done = false;
+  };
+  PsClient& client_;
+  const uint64_t max_bytes_;
+  std::vector<Shard> shards_;
+  std::vector<TableDump> ready_;  // fetched pages not handed out yet, at most one per shard
 };
 
 class PsClient {
@@ -90,10 +122,15 @@ class PsClient {
   int64_t wait_committed(uint64_t session, int64_t step, double timeout_s);
   int64_t committed_step(uint64_t session);
   void close_session(uint64_t session, uint32_t rank);
+  // Ends every open commit session on every shard (a job takes the shards over).
+  std::vector<AbortSessionsResponse> abort_sessions();
   std::vector<StatsResponse> stats();
   std::vector<HealthResponse> health();
   void shutdown();
-  TableDump dump();  // merged over shards, sorted by key
+  // Every row of every shard, sorted by key, fetched in pages of at most max_bytes (0: the
+  // default page) from all shards in parallel; no size limit.
+  TableDump dump(uint64_t max_bytes = 0);
+  std::unique_ptr<DumpPager> dump_pages(uint64_t max_bytes);
   // Checkpoints (paths relative to each shard's checkpoint directory).  save: shard i writes
   // paths[i]; with check_session it refuses unless the session is exactly at session_step.
   std::vector<SaveResponse> save(const std::vector<std::string>& paths, int64_t step,
@@ -106,6 +143,7 @@ class PsClient {
                                  const std::vector<uint32_t>& checksums, double timeout_s);
 
  private:
+  friend class DumpPager;
   struct Shard {
     std::string address;
     std::vector<std::shared_ptr<grpc::Channel>> channels;
@@ -126,6 +164,9 @@ class PsClient {
                   std::chrono::system_clock::time_point deadline);
   // Decodes a finished call's reply and counts its traffic: the one place both happen.
   void settle(Call& c);
+  // A completion of `c` that is not its end: an alarm after which it is sent again, or an
+  // UNAVAILABLE attempt that is retried (after an alarm).  False: the call is finished.
+  bool advance(Call& c, grpc::CompletionQueue* cq);
   // Runs calls to completion on the caller's thread (a private completion queue).
   void run_calls(Calls& calls, double timeout_s);
   void throw_first_failure(const Calls& calls) const;  // RpcError, if any call failed
@@ -145,8 +186,15 @@ class PsClient {
   template <class Reply, class MakeRequest>
   std::vector<Reply> call_every_shard(const char* method, const MakeRequest& make_request,
                                       double timeout_s, const FailureHandler& on_failure = {});
-  template <class Request>
-  Request with_token() const;
+  // The same for the listed shards only; replies in that order.
+  template <class Reply, class MakeRequest>
+  std::vector<Reply> call_shards(const char* method, const std::vector<uint32_t>& shards,
+                                 const MakeRequest& make_request, double timeout_s,
+                                 const FailureHandler& on_failure = {});
+  // The next page of each listed shard from its cursor (pages of at most max_bytes, 0: the
+  // default); each reply checked for its sizes and an advancing cursor.
+  std::vector<DumpResponse> dump_round(const std::vector<uint32_t>& shards,
+                                       const std::vector<PageCursor>& from, uint64_t max_bytes);
 
   const ClientOptions opts_;
   std::vector<Shard> shards_;

@@ -1,11 +1,12 @@
 // PsClient: sessions and administration, every one a typed call to every shard
-// (call_every_shard), and the merge of per-shard dumps.
+// (call_every_shard).  Dumps are in client_dump.cc.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "client.h"
+#include "hashing.h"
 #include "wire.h"
 
 namespace cpu_dist::ps {
@@ -14,6 +15,7 @@ namespace {
 
 constexpr const char* kWait = "/cpu_dist.ps.ParameterServer/WaitCommitted";
 constexpr const char* kClose = "/cpu_dist.ps.ParameterServer/CloseSession";
+constexpr const char* kAbort = "/cpu_dist.ps.ParameterServer/AbortSessions";
 constexpr const char* kStats = "/cpu_dist.ps.ParameterServer/Stats";
 constexpr const char* kHealth = "/cpu_dist.ps.ParameterServer/Health";
 constexpr const char* kDump = "/cpu_dist.ps.ParameterServer/Dump";
@@ -32,52 +34,18 @@ int64_t min_committed(const std::vector<WaitCommittedResponse>& replies) {
   return lo;
 }
 
-// Per-shard dumps (each sorted by key, keys disjoint) merged into one sorted by key.
-TableDump merge_dumps(const std::vector<DumpResponse>& replies, uint32_t dim,
-                      const std::vector<std::string>& addresses) {
-  const size_t row_bytes = size_t{dim} * sizeof(float);
-  struct Ref {
-    int64_t key;
-    uint32_t shard;
-    uint32_t row;
-  };
-  std::vector<Ref> refs;
-  for (uint32_t s = 0; s < replies.size(); ++s) {
-    const DumpResponse& r = replies[s];
-    const size_t n = r.keys().size() / sizeof(int64_t);
-    if (r.values().size() != n * row_bytes || r.state().size() != n * sizeof(float))
-      throw RpcError(absl::StrCat("shard ", s, " (", addresses[s], "): malformed DumpResponse"));
-    for (uint32_t i = 0; i < n; ++i) {
-      int64_t k;
-      std::memcpy(&k, r.keys().data() + i * sizeof(int64_t), sizeof(k));
-      refs.push_back({k, s, i});
-    }
-  }
-  std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.key < b.key; });
-  TableDump d;
-  d.keys.resize(refs.size());
-  d.values.resize(refs.size() * dim);
-  d.state.resize(refs.size());
-  for (size_t i = 0; i < refs.size(); ++i) {
-    const DumpResponse& r = replies[refs[i].shard];
-    d.keys[i] = refs[i].key;
-    std::memcpy(&d.values[i * dim], r.values().data() + refs[i].row * row_bytes, row_bytes);
-    std::memcpy(&d.state[i], r.state().data() + refs[i].row * sizeof(float), sizeof(float));
-  }
-  return d;
-}
-
 }  // namespace
 
 template <class Reply, class MakeRequest>
-std::vector<Reply> PsClient::call_every_shard(const char* method, const MakeRequest& make_request,
-                                              double timeout_s, const FailureHandler& on_failure) {
+std::vector<Reply> PsClient::call_shards(const char* method, const std::vector<uint32_t>& shards,
+                                         const MakeRequest& make_request, double timeout_s,
+                                         const FailureHandler& on_failure) {
   Calls calls;
-  std::vector<Reply> replies(num_shards());  // sized once: the decoders hold pointers into it
-  for (uint32_t s = 0; s < num_shards(); ++s) {
-    Call& c = add_call(calls, s, 0, method);
-    wire::serialize(make_request(s), &c.request);
-    Reply* out = &replies[s];
+  std::vector<Reply> replies(shards.size());  // sized once: the decoders hold pointers into it
+  for (size_t i = 0; i < shards.size(); ++i) {
+    Call& c = add_call(calls, shards[i], 0, method);
+    wire::serialize(make_request(shards[i]), &c.request);
+    Reply* out = &replies[i];
     c.on_reply = [out](Call& call) {
       if (!wire::parse(call.response, out))
         return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -93,17 +61,18 @@ std::vector<Reply> PsClient::call_every_shard(const char* method, const MakeRequ
   return replies;
 }
 
-template <class Request>
-Request PsClient::with_token() const {
-  Request r;
-  r.set_token(opts_.token);
-  return r;
+template <class Reply, class MakeRequest>
+std::vector<Reply> PsClient::call_every_shard(const char* method, const MakeRequest& make_request,
+                                              double timeout_s, const FailureHandler& on_failure) {
+  std::vector<uint32_t> all(num_shards());
+  for (uint32_t s = 0; s < num_shards(); ++s) all[s] = s;
+  return call_shards<Reply>(method, all, make_request, timeout_s, on_failure);
 }
 
 // ---- sessions -------------------------------------------------------------------------------
 
 int64_t PsClient::wait_committed(uint64_t session, int64_t step, double timeout_s) {
-  auto req = with_token<WaitCommittedRequest>();
+  WaitCommittedRequest req;
   req.set_session(session);
   req.set_step(step);
   using SteadyClock = std::chrono::steady_clock;
@@ -134,7 +103,7 @@ int64_t PsClient::wait_committed(uint64_t session, int64_t step, double timeout_
 }
 
 int64_t PsClient::committed_step(uint64_t session) {
-  auto req = with_token<WaitCommittedRequest>();
+  WaitCommittedRequest req;
   req.set_session(session);
   req.set_step(-1);  // always satisfied: answers at once
   return min_committed(
@@ -142,35 +111,32 @@ int64_t PsClient::committed_step(uint64_t session) {
 }
 
 void PsClient::close_session(uint64_t session, uint32_t rank) {
-  auto req = with_token<CloseSessionRequest>();
+  CloseSessionRequest req;
   req.set_session(session);
   req.set_rank(rank);
   call_every_shard<CloseSessionResponse>(kClose, same_for_every_shard(req), opts_.timeout_s);
 }
 
+std::vector<AbortSessionsResponse> PsClient::abort_sessions() {
+  return call_every_shard<AbortSessionsResponse>(
+      kAbort, same_for_every_shard(AbortSessionsRequest()), opts_.timeout_s);
+}
+
 // ---- administration -------------------------------------------------------------------------
 
 std::vector<StatsResponse> PsClient::stats() {
-  return call_every_shard<StatsResponse>(kStats, same_for_every_shard(with_token<StatsRequest>()),
+  return call_every_shard<StatsResponse>(kStats, same_for_every_shard(StatsRequest()),
                                          opts_.timeout_s);
 }
 
 std::vector<HealthResponse> PsClient::health() {
-  return call_every_shard<HealthResponse>(
-      kHealth, same_for_every_shard(with_token<HealthRequest>()), opts_.timeout_s);
+  return call_every_shard<HealthResponse>(kHealth, same_for_every_shard(HealthRequest()),
+                                          opts_.timeout_s);
 }
 
 void PsClient::shutdown() {
-  call_every_shard<ShutdownResponse>(kShutdown, same_for_every_shard(with_token<ShutdownRequest>()),
+  call_every_shard<ShutdownResponse>(kShutdown, same_for_every_shard(ShutdownRequest()),
                                      opts_.timeout_s);
-}
-
-TableDump PsClient::dump() {
-  auto req = with_token<DumpRequest>();
-  req.set_table(opts_.table);
-  return merge_dumps(
-      call_every_shard<DumpResponse>(kDump, same_for_every_shard(req), opts_.timeout_s), opts_.dim,
-      opts_.addresses);
 }
 
 std::vector<SaveResponse> PsClient::save(const std::vector<std::string>& paths, int64_t step,
@@ -179,7 +145,7 @@ std::vector<SaveResponse> PsClient::save(const std::vector<std::string>& paths, 
   if (paths.size() != num_shards())
     throw std::invalid_argument(absl::StrCat("save needs one path per shard: ", paths.size(),
                                              " paths for ", num_shards(), " shards"));
-  auto req = with_token<SaveRequest>();
+  SaveRequest req;
   req.set_table(opts_.table);
   req.set_step(step);
   req.set_check_session(check_session);
@@ -199,7 +165,7 @@ std::vector<LoadResponse> PsClient::load(const std::vector<std::string>& paths,
                                          const std::vector<uint64_t>& sizes,
                                          const std::vector<uint32_t>& checksums, double timeout_s) {
   auto stage = [&](LoadStage st) {
-    auto req = with_token<LoadRequest>();
+    LoadRequest req;
     req.set_table(opts_.table);
     req.set_stage(st);
     if (st == LoadStage::LOAD || st == LoadStage::PREPARE) {  // COMMIT, ABORT: no files
@@ -221,6 +187,44 @@ std::vector<LoadResponse> PsClient::load(const std::vector<std::string>& paths,
     throw;
   }
   return stage(LoadStage::COMMIT);
+}
+
+// ---- dump pages (the pages' use is in client_dump.cc) ---------------------------------------
+
+std::vector<DumpResponse> PsClient::dump_round(const std::vector<uint32_t>& shards,
+                                               const std::vector<PageCursor>& from,
+                                               uint64_t max_bytes) {
+  // The reply must fit the client's own receive limit.
+  const uint64_t limit = static_cast<uint64_t>(opts_.max_message_bytes) - kDumpReplyOverhead;
+  const uint64_t budget = std::min(max_bytes == 0 ? kDefaultDumpPageBytes : max_bytes, limit);
+  std::vector<DumpResponse> pages = call_shards<DumpResponse>(
+      kDump, shards,
+      [&](uint32_t s) {
+        const PageCursor& c = from[std::find(shards.begin(), shards.end(), s) - shards.begin()];
+        DumpRequest r;
+        r.set_table(opts_.table);
+        r.set_partition(c.partition);
+        r.set_after_key_set(c.after_key_set);
+        r.set_after_key(c.after_key);
+        r.set_max_bytes(budget);
+        return r;
+      },
+      opts_.timeout_s);
+  const size_t row_bytes = size_t{opts_.dim} * sizeof(float);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const DumpResponse& p = pages[i];
+    const size_t n = p.keys().size() / sizeof(int64_t);
+    const PageCursor& c = from[i];
+    // The next page must start after this one's: a shard cannot make a dump loop forever.
+    const bool advances = p.done() || p.next_partition() > c.partition ||
+                          (p.next_partition() == c.partition && p.next_after_key_set() &&
+                           (!c.after_key_set || p.next_after_key() > c.after_key));
+    if (p.keys().size() % sizeof(int64_t) != 0 || p.values().size() != n * row_bytes ||
+        p.state().size() != n * sizeof(float) || !advances || p.next_partition() >= kNumPartitions)
+      throw RpcError(absl::StrCat("shard ", shards[i], " (", shards_[shards[i]].address,
+                                  "): malformed DumpResponse"));
+  }
+  return pages;
 }
 
 }  // namespace cpu_dist::ps

@@ -1,29 +1,35 @@
 // Ordered commit sessions: every rank sends its sparse gradients of step t in chunks; the
 // shard applies step t only when all ranks' chunks are in, summing per key in rank order
 // then chunk order (so the bits depend neither on arrival order nor on chunking), dividing
-// by world_size and running the optimizer once per row.  Everything is validated on arrival
-// so that applying a step cannot fail half way.
+// by world_size and running the optimizer once per row.  Steps apply strictly in order; a
+// chunk may come up to max_ahead steps beyond the committed one, and such early steps are
+// held (bounded per session) until their turn.  Everything is validated on arrival so that
+// applying a step cannot fail half way.
+//
+// Sessions end when their ranks close them, when they idle past the shard's timeout, when
+// the live-session cap makes room (least recently active first), or when a job that takes
+// the shard over aborts them all; an ended session's id is remembered so that it is never
+// created again by a late chunk.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "grpcpp/support/status.h"
 #include "optimizer.h"
 #include "table.h"
 
 namespace cpu_dist::ps {
 
-// One chunk as it arrived (already checked for sizes and dim by the service).
+// One chunk as it arrived (already checked for sizes, dim and values by the service).
 struct CommitChunk {
   uint64_t session = 0;
   int64_t step = 0;
@@ -31,28 +37,34 @@ struct CommitChunk {
   uint32_t world_size = 0;
   uint32_t chunk_index = 0;
   uint32_t chunk_count = 0;
+  uint32_t max_ahead = 1;  // accepted steps: committed + 1 .. committed + max_ahead
   float lr = 0.0f;
   OptimizerKind optimizer = OptimizerKind::kSgd;
   std::string keys;   // int64[n], raw
   std::string grads;  // float32[n][dim], raw
 };
 
+struct SessionLimits {
+  size_t max_sessions = 1024;  // live sessions; a new one evicts the least recently active
+  uint64_t max_held_bytes = 1ull << 30;  // per session: chunks of steps after committed + 1
+};
+
 class CommitSessions {
  public:
   using Clock = std::chrono::steady_clock;
   // Called once per waiter with the session's committed step (outside every lock), and a
-  // non-OK status when the step can never commit (session closed, or failed to apply).
+  // non-OK status when the step can never commit (session ended, or failed to apply).
   using WaitCallback = std::function<void(int64_t committed, const grpc::Status& status)>;
 
   // Wire values are capped before anything is allocated for them.
   static constexpr uint32_t kMaxWorldSize = 1u << 16;
   static constexpr uint32_t kMaxChunkCount = 1u << 20;
-  static constexpr size_t kMaxLiveSessions = 1024;
+  static constexpr uint32_t kMaxAhead = 64;
 
-  explicit CommitSessions(ShardTable& table) : table_(table) {}
+  CommitSessions(ShardTable& table, SessionLimits limits) : table_(table), limits_(limits) {}
 
   // Acknowledges (and possibly applies) one chunk; on success *committed is the session's
-  // committed step after this call.  Takes the chunk's payload by move.  A closed session is
+  // committed step after this call.  Takes the chunk's payload by move.  An ended session is
   // never re-created: its chunks are refused (FAILED_PRECONDITION) unless they retry a step
   // that was committed.  A step that fails to apply is applied not at all, and fails the
   // session: this and every later chunk and waiter get that error.
@@ -62,19 +74,25 @@ class CommitSessions {
   int64_t committed(uint64_t session) const;
 
   // Calls `done` at once (returning 0) if `step` is committed, otherwise registers a waiter
-  // and returns its id (> 0); `done` then runs on commit or at expire_sweep past `deadline`.
+  // and returns its id (> 0); `done` then runs on commit or at expire_waiters past `deadline`.
   uint64_t wait(uint64_t session, int64_t step, Clock::time_point deadline, WaitCallback done);
   // Removes a waiter without calling it; false if it already ran (or is running).
   bool cancel_wait(uint64_t id);
   // Finishes every waiter whose deadline has passed (or all of them with `all`).
   void expire_waiters(Clock::time_point now, bool all = false);
 
-  // Marks `rank` closed; the session is dropped when all ranks closed, or when any closed
-  // and nothing is pending (or it failed); its waiters then get FAILED_PRECONDITION.
+  // Marks `rank` closed; the session ends when all ranks closed, or when any closed and no
+  // step is pending or held (or it failed); its waiters then get FAILED_PRECONDITION.
   // Returns the committed step (-1 for a session this shard never saw).
   grpc::Status close(uint64_t session, uint32_t rank, int64_t* committed);
+  // Ends every session idle (no chunk, wait or close) for longer than `idle`: its chunks are
+  // dropped and its waiters fail.  Returns how many ended.
+  size_t expire_idle(Clock::time_point now, Clock::duration idle);
+  // Ends every open session (a job takes the shard over); waiters get ABORTED.
+  size_t abort_all();
 
   size_t live_sessions() const;
+  size_t waiters() const;  // long polls parked
 
  private:
   // Sparse (maps, not vectors sized from the wire): memory follows what actually arrived.
@@ -82,19 +100,30 @@ class CommitSessions {
     uint32_t chunk_count = 0;
     std::map<uint32_t, CommitChunk> chunks;  // by chunk_index
   };
+  // One step's chunks; its lr and optimizer are fixed by its first chunk.
+  struct StepChunks {
+    float lr = 0.0f;
+    OptimizerKind optimizer = OptimizerKind::kSgd;
+    std::map<uint32_t, RankSlot> ranks;  // ranks heard from
+    uint32_t complete_ranks = 0;         // of those, with every chunk in
+    uint64_t bytes = 0;                  // payload bytes stored
+  };
   struct Session {
     std::mutex mu;
     uint32_t world_size = 0;
     std::atomic<int64_t> committed{-1};
-    // The pending step (committed + 1): its lr/optimizer are fixed by its first chunk.
-    bool has_pending = false;
-    float lr = 0.0f;
-    OptimizerKind optimizer = OptimizerKind::kSgd;
-    std::map<uint32_t, RankSlot> ranks;  // ranks heard from for the pending step
-    uint32_t complete_ranks = 0;         // of those, with every chunk in
+    std::atomic<int64_t> last_active{0};  // Clock ticks of the last chunk, wait or close
+    std::map<int64_t, StepChunks> steps;  // committed + 1 (pending) and later (held)
+    uint64_t bytes = 0;                   // payload bytes of every stored step
     std::vector<bool> closed;
-    bool dropped = false;  // set by close() under mu: commits must not land here any more
+    bool dropped = false;  // set under mu when the session ends: chunks must not land here
     grpc::Status failed;   // non-OK once a step failed to apply: the session is dead
+  };
+  // How a session ended, remembered for its late chunks and waits.
+  struct Ended {
+    int64_t committed = -1;
+    std::string why;  // empty: closed by its ranks
+    bool aborted = false;
   };
   struct Waiter {
     uint64_t session;
@@ -104,38 +133,55 @@ class CommitSessions {
   };
 
   // What store() made of a chunk.
-  enum class Stored { kAcknowledged, kPending, kStepComplete };
+  enum class Stored { kAcknowledged, kHeld, kStepReady };
 
+  // ---- the chunk path (commit.cc) ----
   // The chunk's own fields, before any state is looked at.
   static grpc::Status validate(const CommitChunk& c);
-  // Caller holds s.mu.  Takes the chunk into the pending step (kPending, or kStepComplete
-  // when it was the last one missing), acknowledges a retry (kAcknowledged), or refuses it.
+  // Caller holds s.mu.  Takes the chunk into its step (kStepReady when it completed the
+  // pending step), acknowledges a retry (kAcknowledged), or refuses it.
   grpc::Status store(Session& s, CommitChunk&& c, Stored* out);
-  // Refusals that need the session but not the rank: a failed session, another
-  // world_size, a step past the pending one.
+  // Refusals that need the session but not the step: a failed session, another world_size,
+  // a step outside the window.
   static grpc::Status check_step(const Session& s, const CommitChunk& c);
-  // Refusals that need the rank's slot: another chunk_count, a conflicting retry of a stored
-  // chunk, another lr or optimizer than the pending step's.  *retry: an identical retry.
-  static grpc::Status check_chunk(const Session& s, const RankSlot* slot, const CommitChunk& c,
-                                  bool* retry);
-  // Caller holds s.mu; every rank's chunks are in.  Applies the step, or fails the session.
-  grpc::Status apply_step(Session& s, uint64_t session, int64_t step, size_t* rows_applied);
-
-  // *out is null (and *closed_at its final step) when the session was closed and dropped.
+  // Refusals that need the step and rank: another chunk_count, a conflicting retry of a
+  // stored chunk, another lr or optimizer than the step's.  *retry: an identical retry.
+  static grpc::Status check_chunk(const StepChunks* step, const RankSlot* slot,
+                                  const CommitChunk& c, bool* retry);
+  // Refuses a held step's chunk that would take the session past max_held_bytes.
+  grpc::Status check_held_bytes(const Session& s, const CommitChunk& c, uint64_t bytes) const;
+  // Caller holds s.mu.  Applies the pending step and every held step complete after it, in
+  // order; on a failure the session fails and that status is returned.
+  grpc::Status apply_ready(Session& s, uint64_t session, size_t* rows_applied);
+  size_t apply_step(Session& s, StepChunks& step);  // throws; the table is unchanged then
+  // *out is null (and *ended its end) when the session ended.  Evicts the least recently
+  // active session when the cap is reached.
   grpc::Status find_or_create(uint64_t session, uint32_t world_size, std::shared_ptr<Session>* out,
-                              int64_t* closed_at);
-  // Committed step, and non-OK when the session is closed or failed.
+                              Ended* ended);
+
+  // ---- lifecycle (sessions.cc) ----
+  // Committed step, and non-OK when the session ended or failed.
   grpc::Status state(uint64_t session, int64_t* committed) const;
-  size_t apply_pending(Session& s);  // caller holds s.mu; every chunk is present
   void notify(uint64_t session, int64_t committed);
   // Finishes every waiter of `session` with `status`.
   void fail_waiters(uint64_t session, const grpc::Status& status);
+  // Ends `s` (unless it already ended): drops its chunks, then forget().  Caller holds no
+  // lock.  False if it had already ended.
+  bool end_session(uint64_t session, const std::shared_ptr<Session>& s, Ended how);
+  // After `s` was marked dropped under its mutex (now released): no longer live, `how`
+  // remembered, waiters failed.  Caller holds no lock.
+  void forget(uint64_t session, const std::shared_ptr<Session>& s, const Ended& how);
+  static grpc::Status ended_status(uint64_t session, const Ended& how);
+  static void touch(Session& s);
 
   ShardTable& table_;
-  mutable std::mutex mu_;  // sessions_ and closed_
+  const SessionLimits limits_;
+  // sessions_, ended_ and ended_order_.  A leaf lock: nothing is locked while it is held.
+  mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;
-  std::map<uint64_t, int64_t> closed_;  // final committed step of dropped sessions (bounded)
-  std::mutex waiters_mu_;
+  std::map<uint64_t, Ended> ended_;   // ended sessions (the most recent 4096)
+  std::deque<uint64_t> ended_order_;  // oldest first
+  mutable std::mutex waiters_mu_;
   uint64_t next_waiter_ = 1;
   std::map<uint64_t, Waiter> waiters_;
 };

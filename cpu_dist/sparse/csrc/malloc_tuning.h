@@ -1,6 +1,6 @@
-// glibc malloc settings for MiB-sized RPC buffers.  PLATFORM.md measured that with the
-// defaults every 1 MiB reply is a fresh mmap/munmap and page faults dominate a pull; raising
-// the mmap and trim thresholds keeps those buffers in the heap and reuses them.
+// glibc malloc settings for MiB-sized RPC buffers.  Measured (docs/DESIGN.md, "Measured
+// facts"): with the defaults every 1 MiB reply is a fresh mmap/munmap and page faults dominate
+// a pull; raising the mmap and trim thresholds keeps those buffers in the heap and reuses them.
 #pragma once
 
 #include <malloc.h>

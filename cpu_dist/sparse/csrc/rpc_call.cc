@@ -54,6 +54,7 @@ TrafficCounts Traffic::snapshot() const {
   t.bytes_pushed = bytes_pushed_.load();
   t.keys_pulled = keys_pulled_.load();
   t.keys_pushed = keys_pushed_.load();
+  t.retries = retries_.load();
   return t;
 }
 

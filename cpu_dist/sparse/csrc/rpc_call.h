@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "grpcpp/alarm.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -50,6 +52,7 @@ struct TrafficCounts {
   uint64_t bytes_pushed = 0;  // key + gradient bytes sent in Push and Commit requests
   uint64_t keys_pulled = 0;
   uint64_t keys_pushed = 0;
+  uint64_t retries = 0;  // RPCs sent again after UNAVAILABLE (Pull, Commit)
 };
 
 // Payload bytes as they cross the wire (keys included, protobuf framing not); calls finish
@@ -57,24 +60,33 @@ struct TrafficCounts {
 class Traffic {
  public:
   void add(TrafficKind kind, uint64_t keys, uint64_t bytes);
+  void add_retry() { retries_.fetch_add(1, std::memory_order_relaxed); }
   TrafficCounts snapshot() const;
 
  private:
-  std::atomic<uint64_t> bytes_pulled_{0}, bytes_pushed_{0}, keys_pulled_{0}, keys_pushed_{0};
+  std::atomic<uint64_t> bytes_pulled_{0}, bytes_pushed_{0}, keys_pulled_{0}, keys_pushed_{0},
+      retries_{0};
 };
 
 class AsyncOp;
 
-// One outstanding unary RPC over the generic (raw bytes) stub.
+// One outstanding unary RPC over the generic (raw bytes) stub.  An idempotent one (Pull,
+// Commit) may be sent again after UNAVAILABLE, each attempt with a fresh context and the
+// same deadline; between attempts `alarm` holds the back-off, with the call as its tag.
 struct Call {
   uint32_t shard = 0;
   uint32_t channel = 0;
   const char* method = nullptr;
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
-  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientContext> ctx;
   grpc::Status status;
   std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
+  std::chrono::system_clock::time_point deadline;
+  bool idempotent = false;
+  uint32_t retries = 0;      // attempts after the first
+  bool backing_off = false;  // the next completion of this tag is the alarm
+  std::unique_ptr<grpc::Alarm> alarm;
   // Decodes a successful reply; a non-OK result marks the call failed (malformed reply).
   std::function<grpc::Status(Call&)> on_reply;
   // Counted once the call succeeded (reply decoded).

@@ -1,9 +1,13 @@
 #include "server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "malloc_tuning.h"
@@ -15,15 +19,34 @@ std::string host_port(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
   return v6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
 }
+
+void check_options(const ServerOptions& o) {
+  using std::invalid_argument;
+  if (o.dim == 0) throw invalid_argument("dim must be >= 1");
+  check_token_text(o.token);
+  if (o.num_shards == 0 || o.shard_index >= o.num_shards)
+    throw invalid_argument(
+        absl::StrCat("shard_index ", o.shard_index, " out of range for num_shards ", o.num_shards));
+  if (o.max_message_bytes < 4096)
+    throw invalid_argument(
+        absl::StrCat("max_message_bytes must be >= 4096, got ", o.max_message_bytes));
+  if (!std::isfinite(o.session_idle_timeout_s) || o.session_idle_timeout_s < 0)
+    throw invalid_argument(absl::StrCat("session_idle_timeout_s must be >= 0 (0: never), got ",
+                                        o.session_idle_timeout_s));
+  if (o.max_sessions == 0) throw invalid_argument("max_sessions must be >= 1");
+  if (o.max_concurrent_streams == 0) throw invalid_argument("max_concurrent_streams must be >= 1");
+  const uint64_t min_memory = 4 * static_cast<uint64_t>(o.max_message_bytes);
+  if (o.max_memory_bytes < min_memory)
+    throw invalid_argument(absl::StrCat("max_memory_bytes ", o.max_memory_bytes,
+                                        " must be at least 4 x max_message_bytes (", min_memory,
+                                        ")"));
+}
 }  // namespace
 
 PsServer::PsServer(ServerOptions opts) : opts_(std::move(opts)) {
-  if (opts_.dim == 0) throw std::invalid_argument("dim must be >= 1");
-  if (opts_.token.empty()) throw std::invalid_argument("token must not be empty");
-  if (opts_.num_shards == 0 || opts_.shard_index >= opts_.num_shards)
-    throw std::invalid_argument(absl::StrCat("shard_index ", opts_.shard_index,
-                                             " out of range for num_shards ", opts_.num_shards));
+  check_options(opts_);
   service_ = std::make_unique<PsService>(opts_, [this] { begin_stop(10.0); });
+  calls_ = std::make_unique<PsCallService>(*service_);
 }
 
 PsServer::~PsServer() { stop(1.0); }
@@ -40,7 +63,13 @@ int PsServer::start() {
   builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &bound);
   builder.SetMaxReceiveMessageSize(opts_.max_message_bytes);
   builder.SetMaxSendMessageSize(opts_.max_message_bytes);
-  builder.RegisterService(service_.get());
+  grpc::ResourceQuota quota("cpu_dist_ps");
+  quota.Resize(static_cast<size_t>(opts_.max_memory_bytes));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONCURRENT_STREAMS,
+      static_cast<int>(std::min<uint32_t>(opts_.max_concurrent_streams, INT32_MAX)));
+  builder.RegisterCallbackGenericService(calls_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || bound == 0) {
     server_.reset();
@@ -53,11 +82,15 @@ int PsServer::start() {
 }
 
 void PsServer::sweep_loop() {
+  const auto idle = std::chrono::duration_cast<CommitSessions::Clock::duration>(
+      std::chrono::duration<double>(opts_.session_idle_timeout_s));
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopped_) {
     const bool stopping = stopping_;
     lock.unlock();
-    service_->sessions().expire_waiters(CommitSessions::Clock::now(), stopping);
+    const auto now = CommitSessions::Clock::now();
+    service_->sessions().expire_waiters(now, stopping);
+    if (opts_.session_idle_timeout_s > 0) service_->sessions().expire_idle(now, idle);
     lock.lock();
     cv_.wait_for(lock, std::chrono::milliseconds(stopping_ ? 5 : 20));
   }

@@ -1,6 +1,8 @@
 // Lifecycle of one shard process's gRPC server: start on host:port (0 = OS picks), serve,
 // and stop by draining in-flight calls -- on stop() or on the Shutdown RPC, whose handler
-// must answer first and so hands the drain to a thread of its own.
+// must answer first and so hands the drain to a thread of its own.  The server's memory is
+// bounded by a gRPC resource quota and each connection's concurrent streams by
+// GRPC_ARG_MAX_CONCURRENT_STREAMS (ServerOptions).
 #pragma once
 
 #include <condition_variable>
@@ -9,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "call_reactor.h"
 #include "grpcpp/server.h"
 #include "service.h"
 
@@ -21,6 +24,7 @@ class PsServer {
   PsServer(const PsServer&) = delete;
   PsServer& operator=(const PsServer&) = delete;
 
+  // Throws std::invalid_argument for options it cannot serve with (the message names them).
   // Binds and starts serving; returns the bound port.  Throws std::runtime_error.
   int start();
   // True once the server has stopped (waits up to timeout_s; < 0 waits forever).  Throws
@@ -40,6 +44,7 @@ class PsServer {
 
   const ServerOptions opts_;
   std::unique_ptr<PsService> service_;
+  std::unique_ptr<PsCallService> calls_;  // outlives server_ (declared after it is destroyed)
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 
@@ -49,7 +54,7 @@ class PsServer {
   bool stopping_ = false;
   bool stopped_ = false;
   std::thread stopper_;  // runs the drain
-  std::thread sweeper_;  // expires WaitCommitted long polls
+  std::thread sweeper_;  // expires WaitCommitted long polls and idle sessions
   std::mutex join_mu_;
 };
 

@@ -1,7 +1,9 @@
-// The gRPC service of one shard: request validation, the table, commit sessions, counters.
-// Every method is a raw (ByteBuffer) callback method so that the service, not gRPC, decides
-// what a malformed request gets (a precise INVALID_ARGUMENT), and so that Pull's reply can be
-// written by hand straight from the table without a protobuf copy of the payload.
+// The methods of one shard: request validation, the table, commit sessions, counters.  The
+// gRPC plumbing (a generic callback service that checks the token before it reads a request)
+// is in call_reactor.h; here every method is a function from the request's bytes to the
+// reply's bytes, so that the service, not gRPC, decides what a malformed request gets (a
+// precise INVALID_ARGUMENT), and so that Pull's reply is written by hand straight from the
+// table without a protobuf copy of the payload.
 #pragma once
 
 #include <atomic>
@@ -9,12 +11,17 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "checkpoint.h"
 #include "commit.h"
-#include "ps.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/status.h"
+#include "paging.h"
+#include "ps.pb.h"
 #include "table.h"
+#include "token.h"
 
 namespace cpu_dist::ps {
 
@@ -33,6 +40,14 @@ struct ServerOptions {
   uint32_t max_blocks_per_stripe = 65536;  // capacity cap (table.h); at most 65536
   // Save/Load read and write files under this directory only; empty: both are refused.
   std::string checkpoint_dir;
+  // Commit sessions idle this long are ended (a crashed job's); 0: never.
+  double session_idle_timeout_s = 0.0;
+  uint32_t max_sessions = 1024;          // live sessions; the least recently active makes room
+  uint64_t max_held_bytes = 1ull << 30;  // per session: chunks held for later steps
+  // gRPC's memory quota for the server (transport buffers) and the HTTP/2 streams one
+  // connection may have open at once.
+  uint64_t max_memory_bytes = 4ull << 30;
+  uint32_t max_concurrent_streams = 256;
 };
 
 struct Counters {
@@ -40,56 +55,56 @@ struct Counters {
       commit_keys{0}, errors{0}, bytes_in{0}, bytes_out{0};
 };
 
-// Base with the raw callback methods: Raw<Base, A, B>::type is A<B<Base>>.
-template <class Base, template <class> class... Methods>
-struct Raw {
-  using type = Base;
-};
-template <class Base, template <class> class First, template <class> class... Rest>
-struct Raw<Base, First, Rest...> {
-  using type = First<typename Raw<Base, Rest...>::type>;
+enum class Method {
+  kPull,
+  kPush,
+  kCommit,
+  kWaitCommitted,
+  kCloseSession,
+  kAbortSessions,
+  kStats,
+  kHealth,
+  kDump,
+  kShutdown,
+  kSave,
+  kLoad,
 };
 
-// Every method raw (ByteBuffer in and out): see the comment at the top.
-using PsServiceBase = Raw<
-    ParameterServer::Service, ParameterServer::WithRawCallbackMethod_Pull,
-    ParameterServer::WithRawCallbackMethod_Push, ParameterServer::WithRawCallbackMethod_Commit,
-    ParameterServer::WithRawCallbackMethod_WaitCommitted,
-    ParameterServer::WithRawCallbackMethod_CloseSession,
-    ParameterServer::WithRawCallbackMethod_Stats, ParameterServer::WithRawCallbackMethod_Health,
-    ParameterServer::WithRawCallbackMethod_Dump, ParameterServer::WithRawCallbackMethod_Shutdown,
-    ParameterServer::WithRawCallbackMethod_Save, ParameterServer::WithRawCallbackMethod_Load>::type;
+// The method a call path ("/cpu_dist.ps.ParameterServer/Pull") names, if any.
+std::optional<Method> method_of(const std::string& path);
 
-class PsService final : public PsServiceBase {
+class PsService {
  public:
+  using BB = grpc::ByteBuffer;
+  using Clock = CommitSessions::Clock;
+
   // `on_shutdown` is called (once per Shutdown RPC, after validation) from a gRPC thread;
   // it must not block on the server draining.
   PsService(const ServerOptions& opts, std::function<void()> on_shutdown);
 
+  const ServerOptions& options() const { return opts_; }
   StatsResponse stats() const;
   CommitSessions& sessions() { return sessions_; }
 
-  using R = grpc::ServerUnaryReactor;
-  using Ctx = grpc::CallbackServerContext;
-  using BB = grpc::ByteBuffer;
-  R* Pull(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Push(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Commit(Ctx* ctx, const BB* req, BB* resp) override;
-  R* WaitCommitted(Ctx* ctx, const BB* req, BB* resp) override;
-  R* CloseSession(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Stats(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Health(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Dump(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Shutdown(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Save(Ctx* ctx, const BB* req, BB* resp) override;
-  R* Load(Ctx* ctx, const BB* req, BB* resp) override;
+  // The token of a call's metadata (null: none), compared in constant time.
+  grpc::Status check_token(const std::string* token) const;
+  // Runs a unary method (every one but WaitCommitted) on a request's bytes.
+  grpc::Status run(Method m, const BB& req, BB* resp);
+  // WaitCommitted: parses the request and parks `done` as a waiter until the step commits
+  // or `deadline`; may call it at once.  Returns the waiter id (0: done already called), or
+  // a non-OK status (and does not call `done`) when the request is refused.
+  grpc::Status start_wait(const BB& req, Clock::time_point deadline,
+                          CommitSessions::WaitCallback done, uint64_t* waiter);
+  // Counts a finished call: bytes in (and out when OK), errors.
+  void count(const BB* req, const BB* resp, const grpc::Status& status);
 
  private:
-  // The bodies of the handlers, each run by handle() after the shared preamble.
+  // The bodies, each run after the shared preamble (parse, table, dim).
   grpc::Status do_pull(PullRequest& r, BB* resp);
   grpc::Status do_push(PushRequest& r, BB* resp);
   grpc::Status do_commit(CommitRequest& r, BB* resp);
   grpc::Status do_close(CloseSessionRequest& r, BB* resp);
+  grpc::Status do_abort(AbortSessionsRequest& r, BB* resp);
   grpc::Status do_stats(StatsRequest& r, BB* resp);
   grpc::Status do_health(HealthRequest& r, BB* resp);
   grpc::Status do_dump(DumpRequest& r, BB* resp);
@@ -101,21 +116,19 @@ class PsService final : public PsServiceBase {
   // `rel` inside the checkpoint directory (no absolute path, no "..") -> full path.
   grpc::Status checkpoint_path(const std::string& rel, std::string* full) const;
 
-  // The preamble every method shares: parse the request, check the token, and the table
-  // and the dim where the message has them.
+  // Parses the request and checks the table and the dim where the message has them.
   template <class Req>
   grpc::Status admit(const BB& req, Req* r) const;
-  // A whole unary method: admit, run `body`, finish.
   template <class Req>
-  R* handle(Ctx* ctx, const BB* req, BB* resp, grpc::Status (PsService::*body)(Req&, BB*));
-  // Finishes a call with `status`, counting errors and bytes.
-  R* finish(Ctx* ctx, const BB* req, const BB* resp, grpc::Status status);
+  grpc::Status call(const BB& req, BB* resp, grpc::Status (PsService::*body)(Req&, BB*));
 
-  grpc::Status check_token(const std::string& token) const;
   grpc::Status check_table(const std::string& table) const;
   grpc::Status check_dim(uint32_t dim) const;
   grpc::Status check_rows(const std::string& keys, const std::string* grads, size_t* n) const;
   grpc::Status check_update(float lr, int optimizer, OptimizerKind* kind) const;
+  // Every gradient value finite; otherwise INVALID_ARGUMENT naming `where` and the key.
+  grpc::Status check_finite(const std::string& keys, const std::string& grads,
+                            const std::string& where) const;
 
   const ServerOptions opts_;
   std::function<void()> on_shutdown_;

@@ -1,5 +1,6 @@
 // The service's checkpoint methods (Save, Load): paths confined to the shard's checkpoint
 // directory, and Load's stages (checkpoint.h does the file work).
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint.h"
@@ -18,13 +19,14 @@ Status PsService::checkpoint_path(const std::string& rel, std::string* full) con
   if (opts_.checkpoint_dir.empty())
     return Status(StatusCode::FAILED_PRECONDITION,
                   "this shard has no checkpoint directory (start it with one)");
-  if (rel.empty() || rel.size() > 1024 || rel.front() == '/' || rel.find('\0') != std::string::npos)
-    return invalid(absl::StrCat("checkpoint path '", rel,
+  const auto refuse = [&rel] {
+    return invalid(absl::StrCat("checkpoint path '", absl::CHexEscape(rel.substr(0, 1024)),
                                 "' must be a relative path inside the checkpoint directory"));
+  };
+  if (rel.empty() || rel.size() > 1024 || rel.front() == '/' || rel.find('\0') != std::string::npos)
+    return refuse();
   for (absl::string_view part : absl::StrSplit(rel, '/'))
-    if (part.empty() || part == "." || part == "..")
-      return invalid(absl::StrCat("checkpoint path '", rel,
-                                  "' must be a relative path inside the checkpoint directory"));
+    if (part.empty() || part == "." || part == "..") return refuse();
   *full = absl::StrCat(opts_.checkpoint_dir, "/", rel);
   return Status::OK;
 }
@@ -32,6 +34,9 @@ Status PsService::checkpoint_path(const std::string& rel, std::string* full) con
 Status PsService::do_save(SaveRequest& r, BB* resp) {
   std::string path;
   PS_RETURN_IF_ERROR(checkpoint_path(r.path(), &path));
+  // From here until the file is written no update lands (pulls are still served), so the
+  // session check below holds for the whole write.
+  const ShardTable::Frozen frozen = table_.freeze();
   if (r.check_session()) {
     const int64_t committed = sessions_.committed(r.session());
     if (committed != r.session_step())
@@ -42,7 +47,7 @@ Status PsService::do_save(SaveRequest& r, BB* resp) {
   ckpt::ShardMeta meta{opts_.table, opts_.dim, opts_.shard_index, opts_.num_shards, r.step()};
   ckpt::SaveResult res;
   try {
-    res = ckpt::save_shard(table_, meta, path);
+    res = ckpt::save_shard(table_, frozen, meta, path);
   } catch (const ckpt::CheckpointError& e) {
     return Status(e.code(), e.what());
   } catch (const std::exception& e) {

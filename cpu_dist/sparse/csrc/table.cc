@@ -86,14 +86,16 @@ void ShardTable::group_by_stripe(const int64_t* keys, size_t n, std::vector<uint
   for (size_t i = 0; i < n; ++i) order[pos[sid[i]]++] = static_cast<uint32_t>(i);
 }
 
-void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes) const {
+void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes, void* state_bytes) const {
   char* out = static_cast<char*>(out_bytes);
+  char* state_out = static_cast<char*>(state_bytes);
   std::vector<float> fresh(dim_);
   std::vector<uint32_t> order, starts;
   group_by_stripe(keys, n, order, starts);
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   // Two passes per stripe: look every key up first (independent index probes overlap in the
   // CPU), then copy rows with the next rows prefetched, so row cache misses overlap too.
+  std::vector<uint32_t> slot(n);
   std::vector<const float*> src(n);
   constexpr size_t kAhead = 8;
   for (size_t s = 0; s < stripes_.size(); ++s) {
@@ -103,7 +105,7 @@ void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes) const {
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
       const uint32_t i = order[j];
       auto it = st.index.find(keys[i]);
-      src[j] = it != st.index.end() ? row_ptr(st, it->second) : nullptr;
+      src[j] = it != st.index.end() ? row_ptr(st, slot[j] = it->second) : nullptr;
       if (src[j] != nullptr) __builtin_prefetch(src[j]);
     }
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
@@ -113,18 +115,22 @@ void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes) const {
       }
       const uint32_t i = order[j];
       char* dst = out + static_cast<size_t>(i) * row_bytes;
+      float state = 0.0f;
       if (src[j] != nullptr) {
         std::memcpy(dst, src[j], row_bytes);
+        state = *state_ptr(st, slot[j]);
       } else {
         init_row(keys[i], fresh.data());
         std::memcpy(dst, fresh.data(), row_bytes);
       }
+      if (state_out != nullptr) std::memcpy(state_out + size_t{i} * sizeof(float), &state, 4);
     }
   }
 }
 
 void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float lr,
                        OptimizerKind opt) {
+  std::shared_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
   std::vector<uint32_t> order, starts;
   group_by_stripe(keys, n, order, starts);
   // Pass 1 (may throw): find or insert every row.  Slots never move, so they stay valid.
@@ -148,49 +154,6 @@ void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float 
       apply_row(opt, lr, grads + static_cast<size_t>(order[j]) * dim_, row_ptr(st, slots[j]),
                 state_ptr(st, slots[j]), dim_);
   }
-}
-
-TableDump ShardTable::dump() const {
-  std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(stripes_.size());
-  for (const auto& st : stripes_) locks.emplace_back(st.mu);  // a consistent snapshot
-  struct Ref {
-    int64_t key;
-    uint32_t stripe;
-    uint32_t slot;
-  };
-  std::vector<Ref> refs;
-  for (size_t s = 0; s < stripes_.size(); ++s)
-    for (const auto& [k, slot] : stripes_[s].index)
-      refs.push_back({k, static_cast<uint32_t>(s), slot});
-  std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.key < b.key; });
-  TableDump d;
-  d.keys.resize(refs.size());
-  d.values.resize(refs.size() * dim_);
-  d.state.resize(refs.size());
-  for (size_t i = 0; i < refs.size(); ++i) {
-    const Stripe& st = stripes_[refs[i].stripe];
-    d.keys[i] = refs[i].key;
-    std::memcpy(&d.values[i * dim_], row_ptr(st, refs[i].slot), dim_ * sizeof(float));
-    d.state[i] = *state_ptr(st, refs[i].slot);
-  }
-  return d;
-}
-
-void ShardTable::with_snapshot(const std::function<void(const std::vector<RowRef>&)>& fn) const {
-  std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(stripes_.size());
-  size_t n = 0;
-  for (const auto& st : stripes_) {
-    locks.emplace_back(st.mu);
-    n += st.index.size();
-  }
-  std::vector<RowRef> refs;
-  refs.reserve(n);
-  for (const auto& st : stripes_)
-    for (const auto& [k, slot] : st.index)
-      refs.push_back({k, row_ptr(st, slot), *state_ptr(st, slot)});
-  fn(refs);
 }
 
 std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows) const {
@@ -223,6 +186,7 @@ void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* va
 }
 
 void ShardTable::adopt(Staged& staged) {
+  std::unique_lock<std::shared_mutex> writer(update_mu_);
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(stripes_.size());
   for (auto& st : stripes_) locks.emplace_back(st.mu);

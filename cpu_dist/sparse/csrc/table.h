@@ -9,9 +9,9 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -20,6 +20,7 @@
 
 namespace cpu_dist::ps {
 
+// Rows with their optimizer state, as a client assembles a dump.
 struct TableDump {
   std::vector<int64_t> keys;  // sorted ascending
   std::vector<float> values;  // keys.size() * dim
@@ -43,30 +44,38 @@ class ShardTable {
   uint32_t dim() const { return dim_; }
 
   // Copies the rows of `keys` into out (n * dim floats, may be unaligned: it is usually a
-  // reply buffer behind a protobuf header); absent rows are computed with row_init and NOT
+  // reply buffer behind a protobuf header), and with `state_out` their accumulators (n
+  // floats, may be unaligned); absent rows are computed with row_init (state 0) and NOT
   // inserted (a pull never grows the table).
-  void gather(const int64_t* keys, size_t n, void* out) const;
+  void gather(const int64_t* keys, size_t n, void* out, void* state_out = nullptr) const;
 
   // Applies one gradient row per key.  Keys must be unique (callers merge duplicates
   // first).  Absent rows are inserted with their first-touch values before the update.
   // All or nothing: every missing row is inserted before any row is updated, so a throw
   // (TableFull, std::bad_alloc) leaves every value as it was (only first-touch rows added,
-  // which read the same as absent ones).
+  // which read the same as absent ones).  Waits while the table is frozen.
   void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
 
-  // Every row, sorted by key, with its accumulator.
-  TableDump dump() const;
+  // Calls fn(key) for every row, one stripe at a time under that stripe's lock (so pulls
+  // and updates of other stripes go on).  fn must not call back into the table.
+  template <class Fn>
+  void for_each_key(Fn&& fn) const {
+    for (const Stripe& st : stripes_) {
+      std::lock_guard<std::mutex> lock(st.mu);
+      for (const auto& entry : st.index) fn(entry.first);
+    }
+  }
 
-  // A row as seen inside with_snapshot: pointers into the table.
-  struct RowRef {
-    int64_t key;
-    const float* values;
-    float state;
+  // While a Frozen lives nothing changes the table (apply and adopt wait; pulls go on,
+  // they only read): what a checkpoint needs to write a consistent snapshot in pieces.
+  class Frozen {
+   public:
+    explicit Frozen(std::shared_mutex& mu) : lock_(mu) {}
+
+   private:
+    std::unique_lock<std::shared_mutex> lock_;
   };
-  // Runs fn over every row with every stripe locked: a consistent snapshot (pulls and
-  // updates wait meanwhile).  The pointers are valid only inside fn, which must not call
-  // back into the table.
-  void with_snapshot(const std::function<void(const std::vector<RowRef>&)>& fn) const;
+  Frozen freeze() const { return Frozen(update_mu_); }
 
   // Rows built aside from the live table, then swapped in at once: how a checkpoint is
   // loaded all or nothing.  stage_rows may throw (a duplicate key, TableFull, bad_alloc);
@@ -120,6 +129,9 @@ class ShardTable {
   const float init_scale_;
   const uint32_t max_blocks_;
   std::vector<Stripe> stripes_;
+  // Writers (apply: shared, adopt: exclusive) against a checkpoint's freeze (exclusive).
+  // Taken before any stripe lock.
+  mutable std::shared_mutex update_mu_;
 };
 
 class ShardTable::Staged {

@@ -100,7 +100,7 @@ def test_dropped_pull_handle_on_a_silent_shard(silent_address):
 def test_traffic_counts_payload_bytes_exactly(cluster_factory, max_keys):
     c = cluster_factory(num_shards=2, dim=DIM)
     cl = c.client(max_keys_per_rpc=max_keys)
-    zero = dict(bytes_pulled=0, bytes_pushed=0, keys_pulled=0, keys_pushed=0)
+    zero = dict(bytes_pulled=0, bytes_pushed=0, keys_pulled=0, keys_pushed=0, retries=0)
     assert cl.traffic() == zero
     cl.pull(np.array([1, 2, 2, 3, 1], np.int64))  # 3 distinct keys cross the wire
     assert cl.traffic() == dict(zero, bytes_pulled=3 * PER_KEY, keys_pulled=3)
@@ -111,7 +111,7 @@ def test_traffic_counts_payload_bytes_exactly(cluster_factory, max_keys):
     cl.pull_async(np.array([9], np.int64)).wait(10)
     cl.push_async(np.array([10], np.int64), g[:1], 0.1).wait(10)
     assert cl.traffic() == dict(
-        bytes_pulled=4 * PER_KEY, bytes_pushed=6 * PER_KEY, keys_pulled=4, keys_pushed=6
+        bytes_pulled=4 * PER_KEY, bytes_pushed=6 * PER_KEY, keys_pulled=4, keys_pushed=6, retries=0
     )
     cl.stats()
     cl.health()
@@ -139,6 +139,23 @@ def test_traffic_counts_only_successful_calls_and_is_thread_safe(cluster_factory
         t.join(30)
     assert cl.traffic()["keys_pulled"] == 4 * 20 * 10
     assert cl.traffic()["bytes_pulled"] == 4 * 20 * 10 * PER_KEY
+
+
+# ---- identity ---------------------------------------------------------------------------------
+
+
+def test_health_names_the_shards_identity(cluster_factory):
+    c = cluster_factory(num_shards=2, dim=DIM, init_scale=0.3, seed=11)
+    cl = c.client()
+    cl.push(np.arange(40, dtype=np.int64), np.ones((40, DIM), np.float32), 0.1)
+    health = cl.health()
+    assert [h["shard_index"] for h in health] == [0, 1]
+    for h in health:
+        assert h["num_shards"] == 2 and h["dim"] == DIM and h["table"] == "embedding"
+        assert h["seed"] == 11
+        assert h["init_scale"] == float(np.float32(0.3))  # the float32 the shard holds
+        assert isinstance(h["rows"], int) and h["rows"] > 0
+    assert sum(h["rows"] for h in health) == 40
 
 
 # ---- defaults --------------------------------------------------------------------------------

@@ -4,11 +4,11 @@ arrival order or chunking."""
 
 import threading
 
-import grpc
 import numpy as np
 import pytest
 
 from cpu_dist.sparse import PSError
+from cpu_dist.sparse.grpc_stubs import token_channel
 
 from .conftest import TOKEN, rng_grads
 from .reference import RefTable
@@ -96,7 +96,7 @@ def test_arrival_order_and_chunking_do_not_change_bits(cluster_factory, pb, seed
     dumps = []
     for chunking in [1, 3, 7]:
         c = cluster_factory(num_shards=1, dim=DIM)
-        channel = grpc.insecure_channel(c.addresses[0])
+        channel = token_channel(c.addresses[0], TOKEN)
         stub = pb[1].ParameterServerStub(channel)
         chunks = []
         for r, (k, g) in enumerate(per_rank):
@@ -104,8 +104,7 @@ def test_arrival_order_and_chunking_do_not_change_bits(cluster_factory, pb, seed
             for i, p in enumerate(parts):
                 chunks.append(
                     pb[0].CommitRequest(
-                        token=TOKEN,
-                        table="embedding",
+                        table=b"embedding",
                         session=9,
                         step=0,
                         rank=r,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cpu_dist.sparse import Client, PSError, Server, row_init
+from cpu_dist.sparse.grpc_stubs import token_channel
 
 from .conftest import TOKEN
 
@@ -20,8 +21,7 @@ DIM = 4
 
 def commit_req(pb, **kw):
     base = dict(
-        token=TOKEN,
-        table="embedding",
+        table=b"embedding",
         session=1,
         step=0,
         rank=0,
@@ -39,7 +39,7 @@ def commit_req(pb, **kw):
 def raw(cluster_factory, pb):
     """(cluster, client, raw stub, ps_pb2) on one shard."""
     c = cluster_factory(num_shards=1, dim=DIM)
-    channel = grpc.insecure_channel(c.addresses[0])
+    channel = token_channel(c.addresses[0], TOKEN)
     yield c, c.client(), pb[1].ParameterServerStub(channel), pb[0]
     channel.close()
 
@@ -66,22 +66,22 @@ def test_big_world_size_costs_no_memory_up_front(raw):
     assert cl.committed_step(100) == -1
 
 
-def test_live_sessions_are_capped(raw):
-    _c, cl, stub, pb = raw
-    futures = [
-        stub.Commit.future(commit_req(pb, session=s, world_size=2), timeout=30)
-        for s in range(1, 1025)
-    ]
-    for f in futures:
-        f.result()
-    with pytest.raises(grpc.RpcError) as ei:
-        stub.Commit(commit_req(pb, session=5000, world_size=2), timeout=10)
-    assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "too many live sessions (1024)" in ei.value.details()
-    cl.close_session(1, 0)
-    cl.close_session(1, 1)  # all ranks closed: dropped, which frees a slot
-    stub.Commit(commit_req(pb, session=5000, world_size=1), timeout=10)
-    assert cl.wait_committed(5000, 0, 5.0) == 0
+def test_live_sessions_are_capped_and_the_least_recently_active_makes_room(cluster_factory):
+    c = cluster_factory(num_shards=1, dim=DIM, max_sessions=4)
+    cl = c.client()
+    k, g = np.arange(3, dtype=np.int64), np.ones((3, DIM), np.float32)
+    for session in (40, 30, 20, 10):  # created in this order; smallest id last
+        cl.commit(session, 0, 0, 2, k, g, 0.1)  # each pending: rank 1 missing
+    cl.commit(40, 0, 0, 2, k, g, 0.1)  # a retry: session 40 is active again
+    assert cl.stats()[0]["sessions"] == 4
+    cl.commit(50, 0, 0, 1, k, g, 0.1)  # a fifth session: the least recently active goes
+    assert cl.stats()[0]["sessions"] == 4
+    with pytest.raises(PSError, match=r"session 30 is closed .*: evicted, the least recently"):
+        cl.commit(30, 0, 1, 2, k, g, 0.1)
+    for session in (40, 20, 10):  # still live: their steps complete
+        cl.commit(session, 0, 1, 2, k, g, 0.1)
+        assert cl.committed_step(session) == 0
+    assert cl.committed_step(50) == 0
 
 
 # ---- D2: oversized pull replies --------------------------------------------------------------
@@ -89,13 +89,11 @@ def test_live_sessions_are_capped(raw):
 
 def test_pull_reply_over_the_limit_is_refused_before_it_is_built(cluster_factory, pb):
     c = cluster_factory(num_shards=1, dim=64, max_message_bytes=1 << 20)
-    stub = pb[1].ParameterServerStub(grpc.insecure_channel(c.addresses[0]))
+    stub = pb[1].ParameterServerStub(token_channel(c.addresses[0], TOKEN))
     cl = c.client(max_keys_per_rpc=1024)
     errors = cl.stats()[0]["errors"]
     n = 5000  # request 40 KB, reply 1.28 MB > 1 MiB
-    req = pb[0].PullRequest(
-        token=TOKEN, table="embedding", dim=64, keys=np.arange(n, dtype=np.int64).tobytes()
-    )
+    req = pb[0].PullRequest(table=b"embedding", dim=64, keys=np.arange(n, dtype=np.int64).tobytes())
     with pytest.raises(grpc.RpcError) as ei:
         stub.Pull(req, timeout=10)
     assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

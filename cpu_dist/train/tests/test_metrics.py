@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
+from cpu_dist.models.scoring import evaluate
 from cpu_dist.train import metrics
 from cpu_dist.train.metrics import (
     JsonLinesWriter,
     RunLog,
-    evaluate,
     format_table,
     summary_table,
 )

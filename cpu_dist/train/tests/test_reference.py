@@ -9,7 +9,7 @@ import torch
 from cpu_dist.common.contracts import row_init
 from cpu_dist.data import Batch, SyntheticCriteo
 from cpu_dist.models import build_dlrm
-from cpu_dist.train.metrics import evaluate
+from cpu_dist.models.scoring import evaluate
 from cpu_dist.train.reference import (
     LocalEmbedding,
     ReferenceTrainer,
@@ -234,3 +234,28 @@ def test_reference_learns_the_synthetic_task():
     assert after["auc"] > 0.7 > before["auc"] + 0.1
     assert after["logloss"] < before["logloss"]
     assert np.mean(losses[-10:]) < np.mean(losses[:10])
+
+
+def test_table_rules_admit_on_the_nth_step_and_expire_idle_rows():
+    from cpu_dist.train.reference import TableRules
+
+    rules = TableRules(4, admit_after=2, expire_after=2)
+    k = lambda *xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    assert not rules.admitted(0, k(0, 1)).any()  # counts 1, 1: gradients dropped
+    assert rules.admitted(1, k(1, 2)).tolist() == [True, False]  # key 1 reaches 2
+    assert rules.expired(1).tolist() == []
+    assert rules.admitted(2, k(0)).tolist() == [True]
+    assert rules.expired(2).tolist() == []  # horizon 0: nothing last updated at 0
+    assert rules.held.tolist() == [True, True, False, False]
+    assert rules.expired(3).tolist() == [1]  # last update 1 <= 3 - 2: dropped
+    assert rules.count.tolist() == [2, 0, 0, 0]  # key 2's idle count went too (seen at 1)
+    assert rules.admitted(4, k(1, 2)).tolist() == [False, False]  # counting starts again
+    assert rules.held.tolist() == [True, False, False, False]
+
+
+def test_rules_off_keep_every_row_that_was_trained():
+    from cpu_dist.train.reference import TableRules
+
+    rules = TableRules(3)
+    assert rules.admitted(0, np.array([0, 2])).all()
+    assert rules.expired(50).tolist() == [] and rules.held.tolist() == [True, False, True]

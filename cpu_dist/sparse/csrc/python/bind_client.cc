@@ -9,6 +9,7 @@
 
 #include "bindings.h"
 #include "client.h"
+#include "commit.h"
 #include "convert.h"
 
 namespace cpu_dist::python {
@@ -28,8 +29,35 @@ OptimizerKind parse_optimizer(const std::string& name) {
 }
 
 float check_lr(double lr) {
-  if (!std::isfinite(lr)) throw py::value_error("lr must be finite, got " + std::to_string(lr));
-  return static_cast<float>(lr);
+  const float f = static_cast<float>(lr);
+  if (!std::isfinite(lr) || !std::isfinite(f) || !(f > 0.0f))
+    throw py::value_error("lr must be finite and > 0 (as float32), got " + std::to_string(lr));
+  return f;
+}
+
+uint32_t check_max_ahead(uint32_t max_ahead) {
+  if (max_ahead == 0 || max_ahead > ps::CommitSessions::kMaxAhead)
+    throw py::value_error("max_ahead must be in 1.." +
+                          std::to_string(ps::CommitSessions::kMaxAhead) + ", got " +
+                          std::to_string(max_ahead));
+  return max_ahead;
+}
+
+// Refuses gradients a shard would refuse, before anything is sent: NaN, infinity, and
+// float64 values beyond float32's range (they became infinity in the conversion).  `where`
+// names the call ("push", "commit of session S step T rank R").
+void check_finite(const KeysArray& keys, const RowsArray& grads, const std::string& where) {
+  const float* g = grads.data();
+  const size_t dim = static_cast<size_t>(grads.shape(1));
+  const size_t count = static_cast<size_t>(grads.size());
+  for (size_t i = 0; i < count; ++i)
+    if (!std::isfinite(g[i]))
+      throw py::value_error("gradient of key " + std::to_string(keys.data()[i / dim]) + " in " +
+                            where + " (row " + std::to_string(i / dim) + ", column " +
+                            std::to_string(i % dim) + ") is not finite as float32 (" +
+                            std::to_string(g[i]) +
+                            "): a NaN, an infinity, or a float64 value beyond float32's range; "
+                            "nothing was sent");
 }
 
 void check_rank(uint32_t rank, uint32_t world_size) {
@@ -85,9 +113,10 @@ struct Update {
 };
 
 Update as_update(const PsClient& c, const py::handle& keys, const py::handle& grads, double lr,
-                 const std::string& optimizer) {
+                 const std::string& optimizer, const std::string& where) {
   KeysArray k = as_keys(keys);
   RowsArray g = as_grads(grads, k.shape(0), c.dim());
+  check_finite(k, g, where);
   Update u{std::move(k), std::move(g), ps::Gradients()};  // moves keep the arrays' data
   u.g.keys = u.keys.data();
   u.g.grads = u.grads.data();
@@ -101,7 +130,7 @@ Update as_update(const PsClient& c, const py::handle& keys, const py::handle& gr
 // built and sent without it.
 std::shared_ptr<AsyncOp> start_push(PsClient& c, const py::handle& keys, const py::handle& grads,
                                     double lr, const std::string& optimizer) {
-  Update u = as_update(c, keys, grads, lr, optimizer);
+  Update u = as_update(c, keys, grads, lr, optimizer, "push");
   py::gil_scoped_release release;
   return c.push_async(u.g);
 }
@@ -109,11 +138,14 @@ std::shared_ptr<AsyncOp> start_push(PsClient& c, const py::handle& keys, const p
 std::shared_ptr<AsyncOp> start_commit(PsClient& c, uint64_t session, int64_t step, uint32_t rank,
                                       uint32_t world_size, const py::handle& keys,
                                       const py::handle& grads, double lr,
-                                      const std::string& optimizer) {
+                                      const std::string& optimizer, uint32_t max_ahead) {
   check_rank(rank, world_size);
-  Update u = as_update(c, keys, grads, lr, optimizer);
+  const ps::CommitPoint at{session, step, rank, world_size, check_max_ahead(max_ahead)};
+  const std::string where = "commit of session " + std::to_string(session) + " step " +
+                            std::to_string(step) + " rank " + std::to_string(rank);
+  Update u = as_update(c, keys, grads, lr, optimizer, where);
   py::gil_scoped_release release;
-  return c.commit_async(ps::CommitPoint{session, step, rank, world_size}, u.g);
+  return c.commit_async(at, u.g);
 }
 
 // Defines `name` (blocking) and `name`_async (returning a Handle) from one start function:
@@ -138,6 +170,7 @@ py::dict traffic_dict(const ps::TrafficCounts& t) {
   d["bytes_pushed"] = t.bytes_pushed;
   d["keys_pulled"] = t.keys_pulled;
   d["keys_pushed"] = t.keys_pushed;
+  d["retries"] = t.retries;
   return d;
 }
 
@@ -183,6 +216,44 @@ py::array_t<float> pull_target(std::optional<py::array> out, py::ssize_t n, py::
                           std::string(py::str(o.dtype())) + " shape " + shape_str(o));
   return py::reinterpret_borrow<py::array_t<float>>(o);
 }
+
+// A vector handed to numpy without a copy: the array owns it.
+template <class T>
+py::array_t<T> owned_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+  auto heap = std::make_unique<std::vector<T>>(std::move(v));
+  T* data = heap->data();
+  py::capsule owner(heap.get(), [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  heap.release();  // the capsule owns it now
+  return py::array_t<T>(shape, data, owner);
+}
+
+py::tuple dump_tuple(ps::TableDump&& d, uint32_t dim) {
+  const py::ssize_t n = static_cast<py::ssize_t>(d.keys.size());
+  return py::make_tuple(owned_array(std::move(d.keys), {n}),
+                        owned_array(std::move(d.values), {n, static_cast<py::ssize_t>(dim)}),
+                        owned_array(std::move(d.state), {n}));
+}
+
+// Client.dump_pages' iterator.
+class DumpPages {
+ public:
+  DumpPages(std::unique_ptr<ps::DumpPager> pager, uint32_t dim)
+      : pager_(std::move(pager)), dim_(dim) {}
+  py::tuple next() {
+    ps::TableDump page;
+    bool more;
+    {
+      py::gil_scoped_release release;
+      more = pager_->next(&page);
+    }
+    if (!more) throw py::stop_iteration();
+    return dump_tuple(std::move(page), dim_);
+  }
+
+ private:
+  std::unique_ptr<ps::DumpPager> pager_;
+  uint32_t dim_;
+};
 
 // A call whose result is a list of per-shard messages, run without the GIL.
 template <class Fn>
@@ -230,10 +301,12 @@ void def_data_ops(ClientClass& cls) {
                  py::arg("lr"), py::arg("optimizer") = "sgd");
   const char* commit_doc =
       "This rank's gradients of one step of a commit session; the shards apply the step "
-      "once every rank's arrived.";
+      "once every rank's arrived, steps in order.  A shard accepts the chunks of a step up "
+      "to max_ahead steps beyond its committed one (1: the next step only) and holds them.";
   def_async_pair(cls, "commit", &start_commit, commit_doc, py::arg("session"), py::arg("step"),
                  py::arg("rank"), py::arg("world_size"), py::arg("keys"), py::arg("grads"),
-                 py::arg("lr"), py::arg("optimizer") = "sgd");
+                 py::arg("lr"), py::arg("optimizer") = "sgd", py::kw_only(),
+                 py::arg("max_ahead") = 1);
 }
 
 void def_sessions(ClientClass& cls) {
@@ -248,7 +321,13 @@ void def_sessions(ClientClass& cls) {
       .def("committed_step", &PsClient::committed_step, py::arg("session"),
            py::call_guard<py::gil_scoped_release>())
       .def("close_session", &PsClient::close_session, py::arg("session"), py::arg("rank"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "abort_sessions",
+          [](PsClient& c) { return shard_replies([&] { return c.abort_sessions(); }); },
+          "End every open commit session on every shard (their chunks dropped, their waiters "
+          "failed): what a job that takes the shards over does before load().  One dict per "
+          "shard: {'aborted': n}.");
 }
 
 void def_admin(ClientClass& cls) {
@@ -258,26 +337,36 @@ void def_admin(ClientClass& cls) {
           "traffic", [](const PsClient& c) { return traffic_dict(c.traffic()); },
           "Payload bytes and keys this client moved (successful RPCs): bytes_pulled (keys "
           "sent + rows received by pulls), bytes_pushed (keys + gradients sent by pushes and "
-          "commits), keys_pulled, keys_pushed.")
+          "commits), keys_pulled, keys_pushed, and retries (pulls and commit chunks sent again "
+          "after UNAVAILABLE).")
       .def("shutdown", &PsClient::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Ask every shard to drain and stop.")
-      .def("dump", [](PsClient& c) {
-        ps::TableDump d;
-        {
-          py::gil_scoped_release release;
-          d = c.dump();
-        }
-        const py::ssize_t n = static_cast<py::ssize_t>(d.keys.size());
-        py::array_t<int64_t> keys(n);
-        py::array_t<float> values({n, static_cast<py::ssize_t>(c.dim())});
-        py::array_t<float> state(n);
-        if (n > 0) {
-          std::memcpy(keys.mutable_data(), d.keys.data(), d.keys.size() * sizeof(int64_t));
-          std::memcpy(values.mutable_data(), d.values.data(), d.values.size() * sizeof(float));
-          std::memcpy(state.mutable_data(), d.state.data(), d.state.size() * sizeof(float));
-        }
-        return py::make_tuple(keys, values, state);
-      });
+      .def(
+          "dump",
+          [](PsClient& c, std::optional<uint64_t> max_bytes) {
+            ps::TableDump d;
+            {
+              py::gil_scoped_release release;
+              d = c.dump(max_bytes.value_or(0));
+            }
+            return dump_tuple(std::move(d), c.dim());
+          },
+          py::kw_only(), py::arg("max_bytes") = py::none(),
+          "Every row of every shard sorted by key, as (keys, values, state); fetched in pages "
+          "of at most max_bytes (None: the default page), shards in parallel; no size limit.")
+      .def(
+          "dump_pages",
+          [](PsClient& c, std::optional<uint64_t> max_bytes) {
+            std::unique_ptr<ps::DumpPager> pager;
+            {
+              py::gil_scoped_release release;
+              pager = c.dump_pages(max_bytes.value_or(0));
+            }
+            return DumpPages(std::move(pager), c.dim());
+          },
+          py::kw_only(), py::arg("max_bytes") = py::none(), py::keep_alive<0, 1>(),
+          "An iterator of pages (keys, values, state), each sorted by key and from one shard, "
+          "pages in no global order; at most one page per shard is held at a time.");
 }
 
 // Checkpoint calls: timeout_s None is the client's timeout_s (the job passes its
@@ -329,6 +418,10 @@ void bind_client(py::module_& m) {
   m.def("client_defaults", &client_defaults,
         "Client's keyword defaults: max_keys_per_rpc, channels_per_shard, timeout_s, "
         "max_message_bytes.");
+
+  py::class_<DumpPages>(m, "DumpPages", "Pages of a dump (Client.dump_pages).")
+      .def("__iter__", [](DumpPages& p) -> DumpPages& { return p; })
+      .def("__next__", &DumpPages::next);
 
   py::class_<Handle>(m, "Handle", "An asynchronous pull, push or commit in flight.")
       .def("wait", &Handle::wait, py::arg("timeout_s") = py::none(),

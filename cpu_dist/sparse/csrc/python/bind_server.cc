@@ -12,10 +12,20 @@ namespace {
 using ps::PsServer;
 using ServerHolder = std::unique_ptr<PsServer, GilFreeDelete<PsServer>>;
 
+// The keywords that are not ServerOptions' first ones: limits and lifetimes.
+struct ServerLimits {
+  double session_idle_timeout_s;
+  uint32_t max_sessions;
+  uint64_t max_held_bytes;
+  uint64_t max_memory_bytes;
+  uint32_t max_concurrent_streams;
+};
+
 ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std::string host,
                          int port, std::string table, uint64_t seed, uint32_t shard_index,
                          uint32_t num_shards, int64_t max_message_bytes,
-                         uint32_t max_blocks_per_stripe, std::string checkpoint_dir) {
+                         uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
+                         const ServerLimits& lim) {
   if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
     throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                           std::to_string(max_message_bytes));
@@ -37,7 +47,26 @@ ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std:
   o.max_message_bytes = static_cast<int>(max_message_bytes);
   o.max_blocks_per_stripe = max_blocks_per_stripe;
   o.checkpoint_dir = std::move(checkpoint_dir);
+  o.session_idle_timeout_s = lim.session_idle_timeout_s;
+  o.max_sessions = lim.max_sessions;
+  o.max_held_bytes = lim.max_held_bytes;
+  o.max_memory_bytes = lim.max_memory_bytes;
+  o.max_concurrent_streams = lim.max_concurrent_streams;
   return ServerHolder(std::make_unique<PsServer>(std::move(o)).release());
+}
+
+ServerHolder make_server_py(uint32_t dim, std::string token, float init_scale, std::string host,
+                            int port, std::string table, uint64_t seed, uint32_t shard_index,
+                            uint32_t num_shards, int64_t max_message_bytes,
+                            uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
+                            double session_idle_timeout_s, uint32_t max_sessions,
+                            uint64_t max_held_bytes, uint64_t max_memory_bytes,
+                            uint32_t max_concurrent_streams) {
+  return make_server(dim, std::move(token), init_scale, std::move(host), port, std::move(table),
+                     seed, shard_index, num_shards, max_message_bytes, max_blocks_per_stripe,
+                     std::move(checkpoint_dir),
+                     ServerLimits{session_idle_timeout_s, max_sessions, max_held_bytes,
+                                  max_memory_bytes, max_concurrent_streams});
 }
 
 }  // namespace
@@ -46,13 +75,17 @@ void bind_server(py::module_& m) {
   const ps::ServerOptions d;  // the one definition of the keyword defaults
   py::class_<PsServer, ServerHolder>(m, "Server",
                                      "One parameter-server shard (gRPC), served from this process.")
-      .def(py::init(&make_server), py::arg("dim"), py::arg("token"), py::kw_only(),
+      .def(py::init(&make_server_py), py::arg("dim"), py::arg("token"), py::kw_only(),
            py::arg("init_scale"), py::arg("host") = d.host, py::arg("port") = d.port,
            py::arg("table") = d.table, py::arg("seed") = d.seed,
            py::arg("shard_index") = d.shard_index, py::arg("num_shards") = d.num_shards,
            py::arg("max_message_bytes") = int64_t{d.max_message_bytes},
            py::arg("max_blocks_per_stripe") = d.max_blocks_per_stripe,
-           py::arg("checkpoint_dir") = d.checkpoint_dir)
+           py::arg("checkpoint_dir") = d.checkpoint_dir,
+           py::arg("session_idle_timeout_s") = d.session_idle_timeout_s,
+           py::arg("max_sessions") = d.max_sessions, py::arg("max_held_bytes") = d.max_held_bytes,
+           py::arg("max_memory_bytes") = d.max_memory_bytes,
+           py::arg("max_concurrent_streams") = d.max_concurrent_streams)
       .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
            "Bind and serve; returns the bound port.")
       .def_property_readonly("port", &PsServer::port)

@@ -75,7 +75,8 @@ inline RowsArray as_grads(const py::handle& obj, py::ssize_t n, uint32_t dim) {
   return a;
 }
 
-// A protobuf message's scalar fields as a dict (field name -> int/float/bool/str).
+// A protobuf message's scalar fields as a dict (field name -> int/float/bool/str; a float32
+// field becomes the Python float of exactly that value).
 inline py::dict message_to_dict(const google::protobuf::Message& m) {
   py::dict d;
   const auto* desc = m.GetDescriptor();
@@ -93,7 +94,13 @@ inline py::dict message_to_dict(const google::protobuf::Message& m) {
       case FD::CPPTYPE_BOOL: d[name] = refl->GetBool(m, f); break;
       case FD::CPPTYPE_FLOAT: d[name] = refl->GetFloat(m, f); break;
       case FD::CPPTYPE_DOUBLE: d[name] = refl->GetDouble(m, f); break;
-      case FD::CPPTYPE_STRING: d[name] = refl->GetString(m, f); break;
+      case FD::CPPTYPE_STRING: {
+        // bytes fields too (a table name): as text, never failing on invalid UTF-8.
+        const std::string v = refl->GetString(m, f);
+        d[name] = py::reinterpret_steal<py::str>(
+            PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "replace"));
+        break;
+      }
       default: break;
     }
   }

@@ -4,6 +4,7 @@ name, then the directory fsynced, so that a reader sees either the old state or 
 from __future__ import annotations
 
 import os
+import secrets
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -23,9 +24,12 @@ def fsync_dir(path: Path) -> None:
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> tuple[int, int]:
     """Calls ``write(f)`` on a temporary file next to ``path``, then makes it ``path``.
     Returns (bytes, crc32) of what was written."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # A unique temporary name, created exclusively and never through a symlink: two writers
+    # (or a stale file from a crashed one) cannot share it.
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

@@ -1,0 +1,327 @@
+"""The checks that run before any training: the parsed flags (``cpu_dist.common.flags``) become
+one frozen :class:`~cpu_dist.common.config.Config`, or a ConfigError that names the flag.
+Every rank runs them on the same argv, so every rank reaches the same verdict."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from cpu_dist.common.config import (
+    CacheConfig,
+    CheckpointConfig,
+    ClientConfig,
+    Config,
+    DataConfig,
+    JobConfig,
+    ModelConfig,
+    OutputConfig,
+    TableConfig,
+    TrainConfig,
+)
+from cpu_dist.common.contracts import default_init_scale
+
+
+class ConfigError(ValueError):
+    """A flag or flag combination that cannot work; the message names the flag."""
+
+
+def mlp_widths(spec: str, flag: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(x) for x in spec.split("-") if x)
+    except ValueError:
+        raise ConfigError(
+            f"{flag} {spec!r}: expected widths joined by '-', e.g. 512-256-64"
+        ) from None
+    if not widths or any(w <= 0 for w in widths):
+        raise ConfigError(f"{flag} {spec!r}: widths must be positive integers")
+    return widths
+
+
+def parse_ps_list(spec: str) -> tuple[str, ...]:
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(f"--ps_list entry {item!r}: expected host:port")
+        out.append(item)
+    return tuple(out)
+
+
+def _positive(value: float | None, flag: str) -> None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise ConfigError(f"{flag} {value}: must be a positive number")
+
+
+def _job(a: argparse.Namespace, world_size: int) -> JobConfig:
+    ps_list = parse_ps_list(a.ps_list) if a.ps_list else ()
+    w = a.worker_num
+    if w is None:
+        w = world_size if ps_list and world_size >= 1 else max(world_size - 1, 1)
+    if w < 1:
+        raise ConfigError(f"--worker-num {w}: need at least one worker")
+    if w > world_size:
+        raise ConfigError(f"--worker-num {w} but the job has only {world_size} MPI ranks")
+    n_ps = world_size - w
+    if n_ps == 0 and not ps_list:
+        raise ConfigError(
+            f"--worker-num {w} leaves no PS rank among {world_size} MPI ranks; start more ranks "
+            f"(mpirun -np {w + 1} ...) or give --ps_list host:port,... of running PS shards"
+        )
+    if n_ps > 0 and ps_list and len(ps_list) != n_ps:
+        raise ConfigError(
+            f"--ps_list names {len(ps_list)} addresses but the job has {n_ps} PS ranks "
+            f"(world {world_size} - {w} workers)"
+        )
+    if n_ps == 0 and not (a.token_file or os.environ.get("CPU_DIST_TOKEN")):
+        raise ConfigError(
+            "--ps_list without PS ranks needs the shards' token: --token-file F or $CPU_DIST_TOKEN"
+        )
+    if a.token_file and not os.path.isfile(a.token_file):
+        raise ConfigError(f"--token-file {a.token_file}: no such file")
+    _positive(a.barrier_timeout, "--barrier-timeout")
+    if not (math.isfinite(a.session_idle_timeout) and a.session_idle_timeout >= 0):
+        raise ConfigError(f"--session-idle-timeout {a.session_idle_timeout}: must be >= 0")
+    return JobConfig(
+        worker_num=w,
+        num_ps_ranks=n_ps,
+        ps_list=ps_list,
+        ps_host=a.ps_host,
+        ps_interface=a.ps_interface,
+        token_file=a.token_file,
+        ps_type=a.ps_type,
+        barrier_timeout_s=a.barrier_timeout,
+        reuse_shard_rows=a.reuse_shard_rows,
+        session_idle_timeout_s=a.session_idle_timeout,
+    )
+
+
+def _model(a: argparse.Namespace) -> ModelConfig:
+    dim = a.embedding_dim
+    if dim <= 0:
+        raise ConfigError(f"--embedding-dim {dim}: must be positive")
+    bot_spec = a.arch_mlp_bot if a.arch_mlp_bot is not None else f"512-256-{dim}"
+    bot = mlp_widths(bot_spec, "--arch-mlp-bot")
+    top = mlp_widths(a.arch_mlp_top, "--arch-mlp-top")
+    if bot[-1] != dim:
+        raise ConfigError(
+            f"--arch-mlp-bot {bot_spec} must end with --embedding-dim {dim} "
+            "(the dot interaction needs equal widths)"
+        )
+    if top[-1] != 1:
+        raise ConfigError(f"--arch-mlp-top {a.arch_mlp_top} must end with 1 (one logit)")
+    _positive(a.init_scale, "--init-scale")
+    scale = a.init_scale if a.init_scale is not None else default_init_scale(dim)
+    return ModelConfig(dim, bot, top, a.dtype, scale)
+
+
+def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
+    if a.batch_size <= 0 or a.batch_size % workers:
+        raise ConfigError(f"--batch-size {a.batch_size} is not divisible by --worker-num {workers}")
+    if a.max_step < 0:
+        raise ConfigError(f"--max_step {a.max_step}: must be >= 0")
+    _positive(a.lr, "--lr")
+    _positive(a.sparse_lr, "--sparse-lr")
+    if not 0 <= a.max_staleness <= 63:
+        raise ConfigError(f"--max-staleness {a.max_staleness}: must be in 0..63")
+    return TrainConfig(
+        batch_size=a.batch_size,
+        max_step=a.max_step,
+        lr=a.lr,
+        sparse_lr=a.sparse_lr if a.sparse_lr is not None else a.lr,
+        dense_optimizer=a.dense_optimizer,
+        sparse_optimizer=a.sparse_optimizer,
+        seed=a.seed,
+        aggregation=a.aggregation,
+        sparse_sync=a.sparse_sync,
+        max_staleness=a.max_staleness,
+        dense_sync=a.dense_sync,
+    )
+
+
+def _hash_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:
+    spec = a.num_embeddings_per_feature
+    if spec is None:
+        return None
+    try:
+        sizes = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--num-embeddings-per-feature {spec!r}: expected 26 integers joined by ','"
+        ) from None
+    if len(sizes) != 26:
+        raise ConfigError(
+            f"--num-embeddings-per-feature: {len(sizes)} sizes given, Criteo has 26 features"
+        )
+    if any(not 0 < n <= 2**32 for n in sizes):
+        raise ConfigError(f"--num-embeddings-per-feature {spec}: sizes must be in [1, 2**32]")
+    return sizes
+
+
+def data_config(a: argparse.Namespace) -> DataConfig:
+    """The data section alone (tools that read the same batches as a job)."""
+    if a.data == "criteo":
+        if not a.data_path:
+            raise ConfigError("--data criteo needs --data-path FILE")
+        if not os.path.isfile(a.data_path):
+            raise ConfigError(f"--data-path {a.data_path}: no such file")
+    elif a.data == "criteo-bin":
+        if not a.data_path:
+            raise ConfigError("--data criteo-bin needs --data-path DIR")
+        if not os.path.isfile(os.path.join(a.data_path, "manifest.json")):
+            raise ConfigError(
+                f"--data-path {a.data_path}: no manifest.json (not a finished conversion: run "
+                "python -m cpu_dist.data.convert INPUT... --output DIR)"
+            )
+    elif a.data_path:
+        raise ConfigError("--data-path is only read with --data criteo or criteo-bin")
+    if a.skip_bad_lines and a.data == "criteo-bin":
+        raise ConfigError(
+            "--skip-bad-lines applies to --data criteo; give it to the converter instead"
+        )
+    sizes = _hash_sizes(a)
+    if a.max_ind_range is not None and not 0 < a.max_ind_range <= 2**32:
+        raise ConfigError(f"--max-ind-range {a.max_ind_range}: must be in [1, 2**32]")
+    if a.epochs is not None and a.epochs < 1:
+        raise ConfigError(f"--epochs {a.epochs}: must be >= 1")
+    if a.data == "synthetic":
+        given = [
+            flag
+            for flag, value in (
+                ("--num-embeddings-per-feature", sizes),
+                ("--max-ind-range", a.max_ind_range),
+                ("--epochs", a.epochs),
+                ("--shuffle", a.shuffle or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: only for --data criteo or criteo-bin (the synthetic "
+                "stream has its own key space and never ends)"
+            )
+    return DataConfig(
+        kind=a.data,
+        path=a.data_path,
+        skip_bad_lines=a.skip_bad_lines,
+        zipf_exponent=a.zipf_exponent,
+        num_embeddings_per_feature=sizes,
+        max_ind_range=a.max_ind_range,
+        epochs=a.epochs if a.epochs is not None else DataConfig.epochs,
+        shuffle=a.shuffle,
+    )
+
+
+def _client(a: argparse.Namespace) -> ClientConfig:
+    if a.ps_max_keys_per_rpc <= 0 or a.ps_channels <= 0:
+        raise ConfigError("--ps-max-keys-per-rpc and --ps-channels must be positive")
+    _positive(a.rpc_timeout, "--rpc-timeout")
+    return ClientConfig(a.ps_max_keys_per_rpc, a.ps_channels, a.ps_max_message_bytes, a.rpc_timeout)
+
+
+def _table(a: argparse.Namespace) -> TableConfig:
+    for flag, value in (
+        ("--ps-memory-rows", a.ps_memory_rows),
+        ("--ps-admit-after", a.ps_admit_after),
+        ("--ps-expire-after", a.ps_expire_after),
+    ):
+        if value < 0:
+            raise ConfigError(f"{flag} {value}: must be >= 0")
+    if a.ps_ssd_dir and not a.ps_memory_rows:
+        raise ConfigError(
+            "--ps-ssd-dir needs --ps-memory-rows N (the rows each shard keeps in DRAM)"
+        )
+    return TableConfig(a.ps_memory_rows, a.ps_ssd_dir, a.ps_admit_after, a.ps_expire_after)
+
+
+def _cache(a: argparse.Namespace, train: TrainConfig) -> CacheConfig | None:
+    """The cache stage reproduces the PS's SGD on cached rows: only what it can mirror."""
+    if a.read_mode != "bagpipe":
+        if a.optimization_prescan:
+            raise ConfigError("--optimization-prescan needs --read-mode bagpipe")
+        return None
+    if a.optimization_cache_capacity <= 0:
+        raise ConfigError(
+            f"--optimization-cache-capacity {a.optimization_cache_capacity}: "
+            "must be a positive number of 64-row units"
+        )
+    if a.optimization_plan_window < 0:
+        raise ConfigError("--optimization-plan-window must be >= 0")
+    if not 0.0 <= a.optimization_bypass_below < 1.0:
+        raise ConfigError(
+            f"--optimization-bypass-below {a.optimization_bypass_below}: must be in [0, 1)"
+        )
+    if a.ps_admit_after > 1 or a.ps_expire_after > 0:
+        raise ConfigError(
+            "--read-mode bagpipe does not support --ps-admit-after or --ps-expire-after: the "
+            "cache's coherence rules assume every gradient is applied to the PS rows"
+        )
+    if train.sparse_sync == "async":
+        raise ConfigError(
+            "--read-mode bagpipe needs a synchronous --sparse-sync (pipelined or barrier): "
+            "the cache keeps its rows equal to the PS rows by applying each step's update in "
+            "order, which asynchronous commits do not give it"
+        )
+    if train.sparse_optimizer != "sgd":
+        raise ConfigError(
+            f"--read-mode bagpipe supports --sparse-optimizer sgd only, not "
+            f"{train.sparse_optimizer}: the cache cannot mirror an adaptive optimizer's "
+            "PS-side state"
+        )
+    # Learning rates: the cache applies the same --sparse-lr that every commit packet carries,
+    # and a PS session rejects a packet whose lr differs from the session's.
+    return CacheConfig(
+        prescan=a.optimization_prescan,
+        capacity_units=a.optimization_cache_capacity,
+        plan_window=a.optimization_plan_window,
+        bypass_below=a.optimization_bypass_below,
+    )
+
+
+def _checkpoint(a: argparse.Namespace) -> CheckpointConfig:
+    if a.checkpoint_every < 0 or a.checkpoint_keep < 0:
+        raise ConfigError("--checkpoint-every and --checkpoint-keep must be >= 0")
+    if (a.resume or a.checkpoint_every) and not a.checkpoint_dir:
+        raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
+    d = a.checkpoint_dir
+    if d and os.path.exists(d) and not os.path.isdir(d):
+        raise ConfigError(f"--checkpoint-dir {d}: not a directory")
+    _positive(a.checkpoint_timeout, "--checkpoint-timeout")
+    return CheckpointConfig(
+        d, a.checkpoint_every, a.checkpoint_keep, a.resume, a.checkpoint_timeout
+    )
+
+
+def _output(a: argparse.Namespace) -> OutputConfig:
+    if a.print_freq <= 0 or a.eval_every < 0 or a.eval_batches <= 0:
+        raise ConfigError("--print-freq and --eval-batches must be positive, --eval-every >= 0")
+    return OutputConfig(
+        metrics_out=a.metrics_out,
+        print_freq=a.print_freq,
+        eval_every=a.eval_every,
+        eval_batches=a.eval_batches,
+        dump_state=a.dump_state,
+        export=a.export,
+        tensorboard=a.tensorboard,
+        progress=not a.no_progress,
+    )
+
+
+def validate(args: argparse.Namespace, world_size: int) -> Config:
+    """The job's Config, or ConfigError for any impossible combination; identical on every
+    rank.  ``args`` is not changed."""
+    job = _job(args, world_size)
+    train = _train(args, job.worker_num)
+    return Config(
+        job=job,
+        model=_model(args),
+        train=train,
+        data=data_config(args),
+        client=_client(args),
+        table=_table(args),
+        cache=_cache(args, train),
+        checkpoint=_checkpoint(args),
+        output=_output(args),
+    )

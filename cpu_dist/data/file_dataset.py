@@ -1,0 +1,126 @@
+"""What the two Criteo file readers share: splits, batch order, keys.
+
+A subclass (``CriteoTSV``, ``CriteoBinary``) says which rows form each split and how to read
+given rows (:meth:`FileDataset.read_rows`); this class turns positions into batches the same
+way for both, so the TSV file and its conversion give the same batches bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from cpu_dist.data.batch import Batch
+from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, fuse_criteo_columns
+from cpu_dist.data.splits import BatchOrder, Split
+from cpu_dist.data.tsv_parse import NUM_DENSE, NUM_SPARSE, Rows
+
+
+class FileDataset:
+    """Global batches, worker shares, eval and test batches of a Criteo file.
+
+    ``epochs`` passes over the train split (default 1), in file order or, with ``shuffle``,
+    in a block order drawn from ``(seed, epoch)`` (:class:`~cpu_dist.data.splits.BatchOrder`).
+    Eval and test batches are always the first batches of their split, in file order."""
+
+    kind = "criteo"
+    num_dense = NUM_DENSE
+    num_sparse = NUM_SPARSE
+
+    def __init__(
+        self,
+        *,
+        hash_sizes: Sequence[int] | None,
+        epochs: int,
+        shuffle: bool,
+        seed: int,
+    ) -> None:
+        sizes = tuple(hash_sizes) if hash_sizes is not None else (CRITEO_DEFAULT_HASH_SIZE,) * 26
+        if len(sizes) != NUM_SPARSE:
+            raise ValueError(f"{len(sizes)} hash sizes for {NUM_SPARSE} sparse features")
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        self.hash_sizes = sizes
+        self.epochs, self.shuffle, self.seed = int(epochs), bool(shuffle), int(seed)
+        self._orders: dict[int, BatchOrder] = {}
+
+    # --- what a subclass provides -------------------------------------------------------------
+
+    def split(self, name: str) -> Split | None:
+        """The ``train``, ``eval`` or ``test`` split (None where the data has none)."""
+        raise NotImplementedError
+
+    def read_rows(self, rows: np.ndarray) -> Rows:
+        """Rows with these (increasing) indices, in that order."""
+        raise NotImplementedError
+
+    # --- batches ------------------------------------------------------------------------------
+
+    def _order(self, batch_size: int) -> BatchOrder:
+        order = self._orders.get(batch_size)
+        if order is None:
+            train = self.split("train")
+            n = len(train) if train is not None else 0
+            order = BatchOrder(n, batch_size, self.epochs, self.shuffle, self.seed)
+            self._orders[batch_size] = order
+        return order
+
+    def num_steps(self, batch_size: int) -> int:
+        """Training steps of all epochs at this global batch size."""
+        steps = self._order(batch_size).num_steps
+        assert steps is not None
+        return steps
+
+    def _batch(self, split: Split, a: int, b: int) -> Batch:
+        rows = self.read_rows(split.positions(a, b))
+        return Batch(
+            dense=np.ascontiguousarray(rows.dense, dtype=np.float32),
+            keys=fuse_criteo_columns(rows.cats, self.hash_sizes),
+            labels=rows.labels.astype(np.float32),
+        )
+
+    def worker_batch(self, step: int, batch_size: int, rank: int, world: int) -> Batch | None:
+        """Worker ``rank``'s share of step ``step``'s global batch, read alone (random access),
+        or None after the last step."""
+        span = self._order(batch_size).positions(step, rank, world)
+        if span is None:
+            return None
+        train = self.split("train")
+        assert train is not None
+        return self._batch(train, *span)
+
+    def train_batches(self, batch_size: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
+        """``(step, global batch)`` from ``start_step`` to the end of the last epoch."""
+        step = start_step
+        while (batch := self.worker_batch(step, batch_size, 0, 1)) is not None:
+            yield step, batch
+            step += 1
+
+    def _split_batches(
+        self, name: str, batch_size: int, num_batches: int | None
+    ) -> Iterator[Batch]:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        split = self.split(name)
+        if split is None:
+            return
+        n = len(split) // batch_size
+        if num_batches is not None:
+            n = min(n, max(num_batches, 0))
+        for i in range(n):
+            yield self._batch(split, i * batch_size, (i + 1) * batch_size)
+
+    def eval_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]:
+        """The first ``num_batches`` global batches of the eval split (fewer if it is short)."""
+        return self._split_batches("eval", batch_size, num_batches)
+
+    def test_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[Batch]:
+        """Global batches of the test split (all of them by default; none without one)."""
+        return self._split_batches("test", batch_size, num_batches)
+
+    def iter_batches(self, batch_size: int, split: str = "train") -> Iterator[Batch]:
+        """Every full global batch of ``split`` once, in file order (no shuffling)."""
+        if split not in ("train", "eval", "test"):
+            raise ValueError(f"split must be 'train', 'eval' or 'test', got {split!r}")
+        return self._split_batches(split, batch_size, None)

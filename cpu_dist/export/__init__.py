@@ -1,0 +1,93 @@
+"""Export a trained model as a serving bundle (:mod:`cpu_dist.serving.bundle`).
+
+Two ways in, one way out: at the end of training (``launcher.py --export DIR``: the job's own
+shards are dumped page by page) or from a checkpoint (``python -m cpu_dist.export
+CHECKPOINT_DIR --output DIR``: the checkpoint is loaded into a private in-process shard, with
+every check a resume makes, and dumped the same way).  Either way the rows stream through a
+memory map: no message-size limit, and memory of 16 bytes per row besides one page.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import torch
+
+from cpu_dist.checkpoint.manifest import (
+    DENSE,
+    CheckpointError,
+    Manifest,
+    check_files,
+    find_latest,
+    read_manifest,
+)
+from cpu_dist.common.contracts import TABLE
+from cpu_dist.serving.bundle import BundleWriter, ModelSpec, spec_from_dense_state
+from cpu_dist.sparse import Client, Server
+
+PAGE_BYTES = 16 << 20
+
+
+def export_from_client(
+    client: Client, dense: dict[str, torch.Tensor], spec: ModelSpec, step: int, out: Path
+) -> int:
+    """Every row the client's shards hold, and ``dense``, as a bundle in ``out``; the rows."""
+    total = sum(int(h["rows"]) for h in client.health())
+    writer = BundleWriter(out, spec.dim, total)
+    for keys, values, _state in client.dump_pages(max_bytes=PAGE_BYTES):
+        writer.add(keys, values)
+    writer.finish(spec, dense, step)
+    return total
+
+
+def _checkpoint(path: Path) -> Manifest:
+    """A step directory, or the newest complete checkpoint of a root."""
+    if (path / "manifest.json").exists():
+        return read_manifest(path)
+    m = find_latest(path)
+    if m is None:
+        raise CheckpointError(f"checkpoint {path}: no complete checkpoint here")
+    return m
+
+
+def export_checkpoint(path: Path, out: Path, timeout_s: float = 3600.0) -> int:
+    m = _checkpoint(path)
+    assert m.path is not None
+    check_files(m)  # every file there with its size, the dense file's checksum
+    settings = m.config
+    state = torch.load(m.path / DENSE, map_location="cpu", weights_only=True)
+    dense = state["model"]
+    spec = spec_from_dense_state(
+        dense,
+        dim=m.dim,
+        bot_mlp=tuple(settings["model.bot_mlp"]),
+        top_mlp=tuple(settings["model.top_mlp"]),
+        dtype=settings["model.dtype"],
+        seed=int(settings["train.seed"]),
+        init_scale=float(settings["model.init_scale"]),
+        table=m.table,
+    )
+    token = secrets.token_hex(16)
+    server = Server(
+        m.dim,
+        token,
+        init_scale=spec.init_scale,
+        seed=spec.seed,
+        table=m.table,
+        checkpoint_dir=str(m.path.parent),
+    )
+    server.start()
+    try:
+        client = Client([server.address], token, m.dim, table=TABLE, timeout_s=timeout_s)
+        client.load(
+            [f"{m.path.name}/{e.file}" for e in m.shards],
+            [e.bytes for e in m.shards],
+            [e.crc32 for e in m.shards],
+            timeout_s=timeout_s,
+        )
+        rows = export_from_client(client, dense, spec, m.step, out)
+        client.close()
+    finally:
+        server.stop(10.0)
+    return rows

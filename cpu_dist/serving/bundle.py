@@ -1,0 +1,170 @@
+"""The export bundle: a trained model that a plain Python process can score with, without MPI,
+a parameter server or the native module.
+
+    DIR/manifest.json   written last: format, version, the model settings (dims, MLP widths,
+                        dtype, numbers of dense and sparse features), seed and init scale (so a
+                        key the table never held scores with its first-touch row), the step,
+                        row count, and every file's size and crc32
+    DIR/dense.pt        the dense parameters, a torch state dict (``bot.*``, ``top.*``)
+    DIR/keys.npy        int64 [n], sorted ascending, memory-mappable
+    DIR/rows.npy        float32 [n, dim], row i belongs to keys[i]
+
+The writer (``cpu_dist.export``) and the reader (``cpu_dist.serving``) share this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cpu_dist.common.files import atomic_write, file_crc32
+
+FORMAT, VERSION = "cpu_dist-export", 1
+MANIFEST, DENSE, KEYS, ROWS = "manifest.json", "dense.pt", "keys.npy", "rows.npy"
+
+
+class BundleError(RuntimeError):
+    """A bundle that cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What it takes to rebuild the model around the rows."""
+
+    dim: int
+    num_dense: int
+    num_sparse: int
+    bot_mlp: tuple[int, ...]
+    top_mlp: tuple[int, ...]
+    dtype: str
+    seed: int
+    init_scale: float
+    table: str
+
+
+def spec_from_dense_state(state: dict[str, torch.Tensor], **settings: Any) -> ModelSpec:
+    """The feature counts follow from the dense weights: the bottom MLP's input width is the
+    number of dense features, and the top MLP's input is dim + F(F+1)/2 for F sparse ones."""
+    dim = int(settings["dim"])
+    num_dense = int(state["bot.0.weight"].shape[1])
+    pairs = int(state["top.0.weight"].shape[1]) - dim
+    num_sparse = int((-1 + (1 + 8 * pairs) ** 0.5) / 2)
+    if num_sparse * (num_sparse + 1) // 2 != pairs:
+        raise BundleError(f"top MLP input {pairs + dim} does not fit dim {dim}")
+    return ModelSpec(
+        dim=dim,
+        num_dense=num_dense,
+        num_sparse=num_sparse,
+        **{k: v for k, v in settings.items() if k != "dim"},
+    )
+
+
+class BundleWriter:
+    """Rows arrive in any order (pages of a dump); ``finish`` sorts them by key into
+    ``rows.npy`` through a memory map, so memory stays at 16 bytes per row (keys, order)."""
+
+    def __init__(self, out: Path, dim: int, rows: int) -> None:
+        self.out, self.dim, self.total = out, dim, rows
+        out.mkdir(parents=True, exist_ok=True)
+        self._keys = np.empty(rows, dtype=np.int64)
+        self._scratch = np.lib.format.open_memmap(
+            out / ".rows.unsorted.npy", mode="w+", dtype=np.float32, shape=(rows, dim)
+        )
+        self.filled = 0
+
+    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
+        n = len(keys)
+        if self.filled + n > self.total:
+            raise BundleError(f"more rows than the {self.total} announced")
+        self._keys[self.filled : self.filled + n] = keys
+        self._scratch[self.filled : self.filled + n] = values
+        self.filled += n
+
+    def finish(self, spec: ModelSpec, dense: dict[str, torch.Tensor], step: int) -> None:
+        if self.filled != self.total:
+            raise BundleError(f"{self.filled} rows written, {self.total} announced")
+        order = np.argsort(self._keys, kind="stable")
+        keys = self._keys[order]
+        if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
+            raise BundleError("a key appears twice in the exported rows")
+        np.save(self.out / KEYS, keys)
+        rows = np.lib.format.open_memmap(
+            self.out / ROWS, mode="w+", dtype=np.float32, shape=(self.total, self.dim)
+        )
+        for start in range(0, self.total, 1 << 18):  # gathered in blocks: bounded memory
+            block = order[start : start + (1 << 18)]
+            rows[start : start + len(block)] = self._scratch[block]
+        rows.flush()
+        del rows
+        os.unlink(self.out / ".rows.unsorted.npy")
+        buf = io.BytesIO()
+        torch.save(dense, buf)
+        atomic_write(self.out / DENSE, lambda f: f.write(buf.getbuffer()))
+        files = {}
+        for name in (DENSE, KEYS, ROWS):
+            size, crc = file_crc32(self.out / name)
+            files[name] = {"bytes": size, "crc32": crc}
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": step,
+            "rows": self.total,
+            "model": {**dataclasses.asdict(spec)},
+            "files": files,
+        }
+        text = json.dumps(manifest, indent=1, sort_keys=True)
+        atomic_write(self.out / MANIFEST, lambda f: f.write(text.encode()))
+
+
+@dataclass
+class Bundle:
+    path: Path
+    spec: ModelSpec
+    step: int
+    dense: dict[str, torch.Tensor]
+    keys: np.ndarray  # memory-mapped
+    rows: np.ndarray  # memory-mapped
+
+
+def open_bundle(path: str | Path, check: bool = True) -> Bundle:
+    """Reads the manifest and the dense state, maps the rows; ``check`` verifies every file's
+    size and crc32 first."""
+    path = Path(path)
+    try:
+        m = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"bundle {path}: no {MANIFEST} (not an export, or unfinished)") from None
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"bundle {path / MANIFEST}: unreadable ({exc})") from None
+    if m.get("format") != FORMAT or m.get("version") != VERSION:
+        raise BundleError(f"bundle {path / MANIFEST}: not a {FORMAT} version {VERSION} manifest")
+    for name, entry in m["files"].items():
+        if check:
+            size, crc = file_crc32(path / name)
+            if (size, crc) != (entry["bytes"], entry["crc32"]):
+                raise BundleError(
+                    f"bundle {path / name}: corrupt or truncated ({size} bytes, "
+                    f"crc32 {crc:08x}; the manifest says {entry['bytes']}, "
+                    f"{entry['crc32']:08x})"
+                )
+    model = dict(m["model"])
+    spec = ModelSpec(
+        **{**model, "bot_mlp": tuple(model["bot_mlp"]), "top_mlp": tuple(model["top_mlp"])}
+    )
+    dense = torch.load(path / DENSE, map_location="cpu", weights_only=True)
+    keys = np.load(path / KEYS, mmap_mode="r")
+    rows = np.load(path / ROWS, mmap_mode="r")
+    if keys.shape != (m["rows"],) or rows.shape != (m["rows"], spec.dim):
+        raise BundleError(
+            f"bundle {path}: arrays of shapes {keys.shape}, {rows.shape} for "
+            f"{m['rows']} rows of dim {spec.dim}"
+        )
+    return Bundle(path, spec, int(m["step"]), dense, keys, rows)

@@ -1,0 +1,201 @@
+#include "call_reactor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "ps.pb.h"
+#include "wire.h"
+
+namespace cpu_dist::ps {
+
+using grpc::Status;
+using grpc::StatusCode;
+using Reactor = grpc::ServerGenericBidiReactor;
+
+namespace {
+
+// The token of a call's metadata, if it has one.
+bool metadata_token(const grpc::GenericCallbackServerContext& ctx, std::string* token) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(kTokenMetadataKey);
+  if (it == md.end()) return false;
+  token->assign(it->second.data(), it->second.size());
+  return true;
+}
+
+// A call refused before anything of its request was read.  gRPC's reactor protocol: the
+// reactor is created with new and deletes itself in OnDone.
+class Refusal final : public Reactor {
+ public:
+  explicit Refusal(Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+// A unary method: read the one request, run the method (on gRPC's thread, or on the blocking
+// worker for Save and Load), write the reply.
+class UnaryCall final : public Reactor {
+ public:
+  UnaryCall(PsService& service, Method method, BlockingWorker* worker)
+      : service_(service), method_(method), worker_(worker) {
+    StartRead(&req_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client sent no message (or gRPC refused it, e.g. over the size limit)
+      finish(Status(StatusCode::INVALID_ARGUMENT, "no request message"));
+      return;
+    }
+    if (worker_ != nullptr) {
+      worker_->post([this] { finish(service_.run(method_, req_, &resp_)); });
+    } else {
+      finish(service_.run(method_, req_, &resp_));
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void finish(Status status) {
+    service_.count(&req_, &resp_, status);
+    if (status.ok()) {
+      StartWriteAndFinish(&resp_, grpc::WriteOptions(), Status::OK);
+    } else {
+      Finish(std::move(status));
+    }
+  }
+
+  PsService& service_;
+  const Method method_;
+  BlockingWorker* const worker_;
+  grpc::ByteBuffer req_, resp_;
+};
+
+// WaitCommitted, a long poll: parked in CommitSessions' waiter list, finished by a commit,
+// by the sweeper at its deadline, or when the client cancels.  Referenced by OnReadDone and
+// by gRPC (until OnDone), so it outlives whichever ends last.
+class WaitCall final : public Reactor {
+ public:
+  WaitCall(PsService& service, const grpc::GenericCallbackServerContext& ctx)
+      : service_(service), ctx_(ctx) {
+    StartRead(&req_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      finish(Status(StatusCode::INVALID_ARGUMENT, "no request message"));
+    } else {
+      uint64_t id = 0;
+      Status st = service_.start_wait(
+          req_, deadline(), [this](int64_t c, const Status& s) { answer(c, s); }, &id);
+      if (!st.ok()) {
+        finish(std::move(st));
+      } else if (id != 0) {
+        id_.store(id);
+        if (cancelled_.load() && service_.sessions().cancel_wait(id))
+          finish(Status(StatusCode::CANCELLED, "cancelled"));
+      }
+    }
+    unref();
+  }
+  void OnCancel() override {
+    cancelled_.store(true);
+    const uint64_t id = id_.load();
+    if (id != 0 && service_.sessions().cancel_wait(id))
+      finish(Status(StatusCode::CANCELLED, "cancelled"));
+  }
+  void OnDone() override { unref(); }
+
+ private:
+  // Answer a little before the caller's deadline so that it gets a reply, not
+  // DEADLINE_EXCEEDED; calls without a deadline wait at most ten minutes.
+  CommitSessions::Clock::time_point deadline() const {
+    auto remaining = ctx_.deadline() - std::chrono::system_clock::now();
+    if (remaining > std::chrono::minutes(10)) remaining = std::chrono::minutes(10);
+    remaining -= std::min<decltype(remaining)>(remaining / 10, std::chrono::milliseconds(50));
+    return CommitSessions::Clock::now() +
+           std::chrono::duration_cast<CommitSessions::Clock::duration>(remaining);
+  }
+  void answer(int64_t committed, const Status& st) {
+    if (!st.ok()) {  // the session ended or failed: the step will never commit
+      finish(st);
+      return;
+    }
+    WaitCommittedResponse r;
+    r.set_committed_step(committed);
+    wire::serialize(r, &resp_);
+    finish(Status::OK);
+  }
+  void finish(Status status) {
+    service_.count(&req_, &resp_, status);
+    if (status.ok()) {
+      StartWriteAndFinish(&resp_, grpc::WriteOptions(), Status::OK);
+    } else {
+      Finish(std::move(status));
+    }
+  }
+  void unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  PsService& service_;
+  const grpc::GenericCallbackServerContext& ctx_;
+  grpc::ByteBuffer req_, resp_;
+  std::atomic<uint64_t> id_{0};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int> refs_{2};
+};
+
+}  // namespace
+
+Reactor* PsCallService::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
+  std::string token;
+  Status st = service_.check_token(metadata_token(*ctx, &token) ? &token : nullptr);
+  const std::optional<Method> method = method_of(ctx->method());
+  if (st.ok() && !method)
+    st = Status(StatusCode::UNIMPLEMENTED, "unknown method " + ctx->method().substr(0, 200));
+  // gRPC's reactor protocol: every reactor below deletes itself in OnDone.
+  if (!st.ok()) {
+    const grpc::ByteBuffer none;
+    service_.count(&none, &none, st);
+    return new Refusal(std::move(st));
+  }
+  if (*method == Method::kWaitCommitted) return new WaitCall(service_, *ctx);
+  const bool blocking = *method == Method::kSave || *method == Method::kLoad;
+  return new UnaryCall(service_, *method, blocking ? &worker_ : nullptr);
+}
+
+// ---- BlockingWorker ---------------------------------------------------------------------
+
+BlockingWorker::BlockingWorker() : thread_([this] { loop(); }) {}
+
+BlockingWorker::~BlockingWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void BlockingWorker::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void BlockingWorker::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stopping, and nothing left to run
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+}  // namespace cpu_dist::ps

@@ -1,0 +1,1 @@
+"""Support for tests and benchmarks of cpu_dist (not used by training)."""

@@ -1,0 +1,105 @@
+"""Checks of a job's surroundings before anything is trained or written, with a verdict every
+rank shares (exit code 2, one message): a checkpoint directory that belongs to another run,
+and external shards (``--ps_list`` without PS ranks) that do not match the job or already
+hold another job's rows.  The flags themselves were checked by ``cpu_dist.common.flags``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cpu_dist.checkpoint.manifest import find_latest
+from cpu_dist.common.config import Config
+from cpu_dist.common.contracts import TABLE
+from cpu_dist.common.mpi_context import Roles
+from cpu_dist.sparse import Client
+
+
+class SetupError(RuntimeError):
+    """The job cannot start as configured; the message says why and what to do."""
+
+
+def _checkpoint_to_resume(cfg: Config) -> bool:
+    return cfg.checkpoint.dir is not None and find_latest(Path(cfg.checkpoint.dir)) is not None
+
+
+def check_checkpoint_dir(cfg: Config) -> None:
+    """A fresh run must not share a directory with another run's checkpoints: it would prune
+    them, or a later --resume would continue the wrong run."""
+    ck = cfg.checkpoint
+    if ck.dir is None or ck.resume:
+        return
+    latest = find_latest(Path(ck.dir))
+    if latest is not None:
+        raise SetupError(
+            f"--checkpoint-dir {ck.dir} already holds checkpoints of another run (newest: "
+            f"step {latest.step}, run {latest.run_id or '?'}); pass --resume to continue that "
+            "run, or choose an empty directory"
+        )
+
+
+def _mismatches(cfg: Config, index: int, count: int, health: dict) -> list[str]:
+    expect = {
+        "shard_index": index,
+        "num_shards": count,
+        "dim": cfg.model.embedding_dim,
+        "table": TABLE,
+        "seed": cfg.train.seed,
+        # the shard keeps its init scale in float32
+        "init_scale": float(np.float32(cfg.model.init_scale)),
+    }
+    return [
+        f"{key} {health.get(key)!r} (the job expects {want!r})"
+        for key, want in expect.items()
+        if health.get(key) != want
+    ]
+
+
+def _rows(health: dict) -> int:
+    rows = health.get("rows", 0)
+    return int(rows) if isinstance(rows, int) else 0
+
+
+def check_external_shards(cfg: Config, token: str) -> None:
+    """Every shard of ``--ps_list`` is the shard its position says, with the job's dim, seed,
+    init scale and table, and holds no rows unless the job restores over them or reuses them."""
+    addresses = list(cfg.job.ps_list)
+    client = Client(addresses, token, cfg.model.embedding_dim, timeout_s=cfg.client.rpc_timeout_s)
+    try:
+        health = client.health()
+    finally:
+        client.close()
+    for i, (address, h) in enumerate(zip(addresses, health)):
+        wrong = _mismatches(cfg, i, len(addresses), h)
+        if wrong:
+            raise SetupError(
+                f"shard {i} of --ps_list ({address}) does not match the job: "
+                + "; ".join(wrong)
+                + " (start it with the job's --seed, --init-scale and --embedding-dim, and "
+                f"--shard-index {i} --num-shards {len(addresses)})"
+            )
+    held = [(a, _rows(h)) for a, h in zip(addresses, health) if _rows(h)]
+    restoring = cfg.checkpoint.resume and _checkpoint_to_resume(cfg)
+    if held and not restoring and not cfg.job.reuse_shard_rows:
+        where = ", ".join(f"{a} holds {n} rows" for a, n in held)
+        raise SetupError(
+            f"the shards already hold rows ({where}): another job's table? Restart them, "
+            "pass --resume with a checkpoint to restore over them, or --reuse-shard-rows to "
+            "train on them"
+        )
+
+
+def preflight(cfg: Config, roles: Roles, token: str) -> None:
+    """Raises SetupError on every rank when world rank 0 finds the job cannot start."""
+    verdict = None
+    if roles.rank == 0:
+        try:
+            check_checkpoint_dir(cfg)
+            if cfg.job.external_shards:
+                check_external_shards(cfg, token)
+        except SetupError as exc:
+            verdict = str(exc)
+    verdict = roles.world.bcast(verdict, root=0)
+    if verdict is not None:
+        raise SetupError(verdict)

@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""The network features on an emulated cluster link, in one run.
+
+Default DLRM (global batch 2048, D=64, synthetic data), 2 workers on this host and 1 PS shard
+on another "host": a network namespace joined by a veth link (cpu_dist/testing/netlab.py)
+limited to --link-gbit Gbit/s in both directions with tc tbf.  Modes, each with a fresh shard:
+
+  unlimited  pipelined sync, the link without a limit
+  sync       pipelined sync (the default)
+  barrier    --sparse-sync barrier
+  int8       pipelined, --ps-compression int8 (pulled rows and pushed gradients)
+  async2     --sparse-sync async --max-staleness 2
+  cache      the prescan cache at 5 % of the run's distinct rows, collective aggregation
+  best       the fastest combination measured here (async2 + int8, see --best)
+
+Samples/s come from each run's summary; bytes_per_step_<mode> is what worker 0's PS client
+moved per step (pulls + pushes, keys included).  The last line is one JSON object with
+sps_<mode>, bytes_per_step_<mode> and the ratios the issue names.  Where this machine cannot
+make network namespaces the script says so and measures nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cpu_dist.common.launch_env import mpi_env  # noqa: E402
+from cpu_dist.common.tokens import write_token_file  # noqa: E402
+from cpu_dist.data import make_dataset  # noqa: E402
+from cpu_dist.testing.netlab import NetLab, unavailable  # noqa: E402
+from cpu_dist.testing.shards import standalone_shards  # noqa: E402
+from gpu_cache import scan_trace  # noqa: E402
+from gpu_cache.storage import ROWS_PER_UNIT  # noqa: E402
+
+BEST = ["--sparse-sync", "async", "--max-staleness", "2", "--ps-compression", "int8"]
+
+
+def cache_flags(steps: int, batch: int) -> list[str]:
+    ds = make_dataset("synthetic", seed=0)
+    distinct = len(np.unique(np.concatenate(list(scan_trace(ds, batch, steps, 0, 1)))))
+    units = max(1, math.ceil(distinct * 0.05 / ROWS_PER_UNIT))
+    return [
+        "--read-mode",
+        "bagpipe",
+        "--optimization-prescan",
+        "--optimization-cache-capacity",
+        str(units),
+        "--aggregation",
+        "collective",
+    ]
+
+
+def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: float | None):
+    host = lab.hosts[0]
+    subprocess.run(["tc", "qdisc", "del", "dev", host.outer, "root"], capture_output=True)
+    subprocess.run(
+        lab.command(host, ["tc", "qdisc", "del", "dev", host.inner, "root"]), capture_output=True
+    )
+    if gbit is not None:
+        lab.limit(host, gbit)
+    out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
+
+    def launch(argv):
+        return lab.popen(host, argv, stdout=subprocess.PIPE, text=True)
+
+    with standalone_shards(token, 64, 1, hosts=[host.address], launch=launch) as (addrs, _):
+        cmd = [
+            "mpirun",
+            "-np",
+            "2",
+            sys.executable,
+            str(ROOT / "launcher.py"),
+            "--worker-num",
+            "2",
+            "--ps_list",
+            addrs[0],
+            "--token-file",
+            token,
+            "--batch-size",
+            str(args.batch_size),
+            "--max_step",
+            str(args.steps),
+            "--lr",
+            "0.1",
+            "--eval-every",
+            "0",
+            "--eval-batches",
+            "1",
+            "--no-progress",
+            "--print-freq",
+            str(args.steps),
+            "--metrics-out",
+            str(out),
+            *extra,
+        ]
+        proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    s = [json.loads(x)["summary"] for x in out.read_text().splitlines() if '"summary"' in x][-1]
+    r = {
+        "samples_per_s": round(s["samples_per_s"], 1),
+        "bytes_per_step": round((s["bytes_pulled"] + s["bytes_pushed"]) / s["steps"]),
+        "staleness_mean": s.get("staleness_mean"),
+    }
+    print(name, json.dumps(r), flush=True)
+    return r
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--link-gbit", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=2048)
+    args = p.parse_args()
+    reason = unavailable()
+    if reason is not None:
+        print(json.dumps({"skipped": f"no network lab on this machine: {reason}"}))
+        return
+    modes = [
+        ("unlimited", [], None),
+        ("sync", [], args.link_gbit),
+        ("barrier", ["--sparse-sync", "barrier"], args.link_gbit),
+        ("int8", ["--ps-compression", "int8"], args.link_gbit),
+        ("async2", ["--sparse-sync", "async", "--max-staleness", "2"], args.link_gbit),
+        ("cache", cache_flags(args.steps, args.batch_size), args.link_gbit),
+        ("best", BEST, args.link_gbit),
+    ]
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp, NetLab(hosts=1) as lab:
+        token = str(Path(tmp) / "token")
+        write_token_file(token, "bench-network")
+        for name, extra, gbit in modes:
+            res[name] = run_mode(args, lab, token, name, extra, gbit)
+    line: dict[str, object] = {"link_gbit": args.link_gbit}
+    for name, r in res.items():
+        line[f"sps_{name}"] = r["samples_per_s"]
+        line[f"bytes_per_step_{name}"] = r["bytes_per_step"]
+    sps = {k: v["samples_per_s"] for k, v in res.items()}
+    for name, base in [
+        ("int8", "sync"),
+        ("async2", "sync"),
+        ("sync", "barrier"),
+        ("cache", "sync"),
+        ("best", "unlimited"),
+    ]:
+        line[f"{name}_vs_{base}"] = round(sps[name] / sps[base], 3)
+    line["bytes_int8_vs_sync"] = round(
+        res["int8"]["bytes_per_step"] / res["sync"]["bytes_per_step"], 3
+    )
+    print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

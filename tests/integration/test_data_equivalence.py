@@ -1,0 +1,116 @@
+"""Real Criteo data paths through whole jobs: training from the converted directory equals
+training from the TSV file bit for bit, W=1 equals W=2, and both equal the single-process
+reference on the same batches (real mpirun jobs, real PS ranks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cpu_dist.data import make_dataset
+from cpu_dist.data.convert import convert
+from cpu_dist.data.generate import write_days, write_file
+from cpu_dist.train.reference import train_reference
+
+from .launch import train
+
+pytestmark = pytest.mark.timeout(600)
+
+QUIET = {"progress": False, "log": lambda *_: None, "block_bytes": 1 << 16}
+HASHING = ["--max-ind-range", "50000"]
+
+
+def reference(dataset, steps: int, batch_size: int = 96) -> dict:
+    return train_reference(
+        dataset=dataset,
+        steps=steps,
+        batch_size=batch_size,
+        dim=8,
+        bot_mlp=[16, 8],
+        top_mlp=[16, 1],
+        seed=0,
+        lr=0.1,
+        sparse_lr=0.1,
+        dense_optimizer="sgd",
+        sparse_optimizer="sgd",
+        init_scale=8**-0.5,
+        init_seed=0,
+        dtype=torch.float32,
+    )
+
+
+def assert_close(got: dict, want: dict, rtol: float) -> None:
+    assert set(got) == set(want)
+    np.testing.assert_array_equal(got["sparse_keys"], want["sparse_keys"])
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=k)
+
+
+def assert_same_bits(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A generated file with two malformed lines, and its conversion (both skip them)."""
+    tmp = tmp_path_factory.mktemp("data")
+    src = write_file(tmp / "train.txt", 3000)
+    lines = src.read_bytes().split(b"\n")
+    lines[100] = lines[100].replace(b"\t", b"\t\t", 1)
+    lines[2050] = b"2" + lines[2050][1:]
+    src.write_bytes(b"\n".join(lines))
+    convert([str(src)], tmp / "bin", skip_bad_lines=True, **QUIET)
+    return tmp, src, tmp / "bin"
+
+
+def test_converted_equals_tsv_bit_for_bit_and_the_reference(data):
+    tmp, src, out = data
+    flags = [*HASHING, "--shuffle"]
+    tsv = train(
+        tmp, "tsv", 2, 1, ["--data", "criteo", "--data-path", str(src), "--skip-bad-lines", *flags]
+    )
+    binary = train(tmp, "bin", 2, 1, ["--data", "criteo-bin", "--data-path", str(out), *flags])
+    assert len(binary["sparse_keys"]) > 1000
+    assert (binary["sparse_keys"] & 0xFFFFFFFF).max() < 50000  # --max-ind-range folded them
+    assert_same_bits(tsv, binary)
+    ds = make_dataset("criteo-bin", path=out, max_ind_range=50000, shuffle=True)
+    assert_close(binary, reference(ds, 20), rtol=1e-5)
+
+
+def test_one_worker_equals_two(data):
+    tmp, _, out = data
+    flags = ["--data", "criteo-bin", "--data-path", str(out), *HASHING]
+    one = train(tmp, "w1", 1, 1, flags)
+    two = train(tmp, "w2", 2, 2, flags)
+    assert_close(two, one, rtol=1e-5)
+
+
+def test_training_stops_after_the_epochs(tmp_path):
+    """The 200-row sample: 180 train lines make 11 batches of 16; two epochs are 22 steps."""
+    sample = Path(__file__).resolve().parents[2] / "cpu_dist/data/tests/data/criteo_sample.tsv"
+    convert([str(sample)], tmp_path / "bin", **QUIET)
+    metrics = tmp_path / "m.jsonl"
+    flags = ["--batch-size", "16", "--max_step", "1000", "--epochs", "2", "--shuffle"]
+    flags += ["--data", "criteo-bin", "--data-path", str(tmp_path / "bin")]
+    got = train(tmp_path, "epochs", 2, 1, [*flags, "--metrics-out", str(metrics)])
+    summary = [json.loads(x)["summary"] for x in metrics.read_text().splitlines() if "summary" in x]
+    assert summary[-1]["steps"] == 22
+    ds = make_dataset("criteo-bin", path=tmp_path / "bin", epochs=2, shuffle=True)
+    assert_close(got, reference(ds, 1000, batch_size=16), rtol=1e-5)
+
+
+def test_day_files_train_on_all_days_but_the_last(tmp_path):
+    days = write_days(tmp_path / "days", 3, 800, gz=True)
+    convert([str(d) for d in days], tmp_path / "bin", **QUIET)
+    got = train(
+        tmp_path, "days", 2, 1, ["--data", "criteo-bin", "--data-path", str(tmp_path / "bin")]
+    )
+    ds = make_dataset("criteo-bin", path=tmp_path / "bin")
+    assert ds.num_steps(96) == 16  # 1600 rows of day_0 and day_1
+    assert_close(got, reference(ds, 20), rtol=1e-5)

@@ -1,0 +1,91 @@
+"""Export for serving: a job's --export bundle scores, in a plain process without MPI or a PS,
+exactly what the job's final evaluation scored; the bundle exported from the job's last
+checkpoint is the same bundle; a damaged bundle is refused naming the file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cpu_dist.serving.bundle import open_bundle
+
+from .launch import ROOT, SMALL, mpirun
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def run_module(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    bundle, ckpt, metrics = tmp / "bundle", tmp / "ckpt", tmp / "m.jsonl"
+    proc = mpirun(
+        4,
+        [
+            "--worker-num",
+            "2",
+            *SMALL,
+            "--eval-batches",
+            "3",
+            "--export",
+            str(bundle),
+            "--metrics-out",
+            str(metrics),
+            "--checkpoint-dir",
+            str(ckpt),
+            "--checkpoint-every",
+            "20",
+        ],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    final = [x for x in lines if "eval_auc" in x][-1]
+    return tmp, bundle, ckpt, final
+
+
+def test_the_bundle_scores_what_the_job_scored(job):
+    _, bundle, _, final = job
+    proc = run_module("cpu_dist.serving", str(bundle), "--batch-size", "96", "--eval-batches", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["step"] == 19
+    assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-4)
+    assert got["eval_logloss"] == pytest.approx(final["eval_logloss"], abs=1e-4)
+
+
+def test_the_checkpoint_exports_the_same_bundle(job):
+    tmp, bundle, ckpt, _ = job
+    again = tmp / "from-checkpoint"
+    proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = open_bundle(bundle), open_bundle(again)
+    assert a.spec == b.spec and a.step == b.step == 19
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.rows, b.rows)
+    assert len(a.keys) > 100 and np.all(np.diff(a.keys) > 0)
+    for name in a.dense:
+        np.testing.assert_array_equal(a.dense[name].numpy(), b.dense[name].numpy())
+
+
+def test_a_damaged_bundle_is_refused_naming_the_file(job, tmp_path):
+    _, bundle, _, _ = job
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in bundle.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    rows = broken / "rows.npy"
+    data = bytearray(rows.read_bytes())
+    data[-1] ^= 0xFF
+    rows.write_bytes(bytes(data))
+    proc = run_module("cpu_dist.serving", str(broken), "--batch-size", "96")
+    assert proc.returncode == 2
+    assert f"bundle {rows}: corrupt or truncated" in proc.stderr
