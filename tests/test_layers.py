@@ -27,7 +27,17 @@ ALLOWED = {
     "cache": {"sparse", "data", "common"},
     "serving": {"models", "data", "common"},  # scores an export without the native module
     "export": {"serving", "checkpoint", "sparse", "models", "data", "common"},
-    "train": {"export", "serving", "cache", "checkpoint", "dense", "sparse", "models", "data", "common"},
+    "train": {
+        "export",
+        "serving",
+        "cache",
+        "checkpoint",
+        "dense",
+        "sparse",
+        "models",
+        "data",
+        "common",
+    },
     "testing": {"common"},  # support for tests and benchmarks (the network lab)
 }
 
