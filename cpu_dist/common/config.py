@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,9 @@ class ClientConfig:
     channels: int = 2
     max_message_bytes: int = 64 << 20
     rpc_timeout_s: float = 60.0  # one RPC, including one commit acknowledgement
+    # Encoding of pulled rows and pushed gradients on the wire ("none", "fp16", "int8"); the
+    # shards keep float32 rows, and evaluation, dumps, exports and checkpoints stay float32.
+    compression: Literal["none", "fp16", "int8"] = "none"
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class OutputConfig:
     print_freq: int = 10
     eval_every: int = 100
     eval_batches: int = 4
+    test_batches: int | None = None  # at the end: None = the whole test split, 0 = none
     dump_state: str | None = None
     export: str | None = None  # a serving bundle at the end (cpu_dist.serving.bundle)
     tensorboard: str | None = None

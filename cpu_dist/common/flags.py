@@ -98,6 +98,13 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         help="largest gRPC message a shard or client accepts",
     )
     c.add_argument(
+        "--ps-compression",
+        default=ClientConfig.compression,
+        choices=["none", "fp16", "int8"],
+        help="encoding of pulled rows and pushed gradients on the wire (int8: a float32 scale "
+        "per row and one byte per value); the PS keeps and updates float32 rows",
+    )
+    c.add_argument(
         "--rpc-timeout",
         type=float,
         default=ClientConfig.rpc_timeout_s,
@@ -331,6 +338,14 @@ def _add_checkpoint_and_output_flags(p: argparse.ArgumentParser) -> None:
     )
     o.add_argument("--eval-batches", type=int, default=OutputConfig.eval_batches)
     o.add_argument(
+        "--test-batches",
+        type=int,
+        default=-1,
+        help="global batches of the test split scored once training ends (test_auc, "
+        "test_logloss in the summary); -1: all of it (synthetic data: 4), 0: none. Data "
+        "without a test split reports none",
+    )
+    o.add_argument(
         "--dump-state",
         default=None,
         help=".npz with dense/<name>, sparse_keys, sparse_values at the end",
@@ -377,6 +392,7 @@ _FLAG_OF_SETTING = {
     "client.max_keys_per_rpc": "--ps-max-keys-per-rpc",
     "client.max_message_bytes": "--ps-max-message-bytes",
     "client.rpc_timeout_s": "--rpc-timeout",
+    "client.compression": "--ps-compression",
     "table.memory_rows": "--ps-memory-rows",
     "table.ssd_dir": "--ps-ssd-dir",
     "table.admit_after": "--ps-admit-after",

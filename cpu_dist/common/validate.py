@@ -218,7 +218,13 @@ def _client(a: argparse.Namespace) -> ClientConfig:
     if a.ps_max_keys_per_rpc <= 0 or a.ps_channels <= 0:
         raise ConfigError("--ps-max-keys-per-rpc and --ps-channels must be positive")
     _positive(a.rpc_timeout, "--rpc-timeout")
-    return ClientConfig(a.ps_max_keys_per_rpc, a.ps_channels, a.ps_max_message_bytes, a.rpc_timeout)
+    return ClientConfig(
+        a.ps_max_keys_per_rpc,
+        a.ps_channels,
+        a.ps_max_message_bytes,
+        a.rpc_timeout,
+        a.ps_compression,
+    )
 
 
 def _table(a: argparse.Namespace) -> TableConfig:
@@ -257,6 +263,12 @@ def _cache(a: argparse.Namespace, train: TrainConfig) -> CacheConfig | None:
         raise ConfigError(
             "--read-mode bagpipe does not support --ps-admit-after or --ps-expire-after: the "
             "cache's coherence rules assume every gradient is applied to the PS rows"
+        )
+    if a.ps_compression != "none":
+        raise ConfigError(
+            f"--read-mode bagpipe does not support --ps-compression {a.ps_compression}: the "
+            "cache keeps exact copies of the PS rows, which compressed pulls and gradients "
+            "are not"
         )
     if train.sparse_sync == "async":
         raise ConfigError(
@@ -297,11 +309,14 @@ def _checkpoint(a: argparse.Namespace) -> CheckpointConfig:
 def _output(a: argparse.Namespace) -> OutputConfig:
     if a.print_freq <= 0 or a.eval_every < 0 or a.eval_batches <= 0:
         raise ConfigError("--print-freq and --eval-batches must be positive, --eval-every >= 0")
+    if a.test_batches < -1:
+        raise ConfigError(f"--test-batches {a.test_batches}: must be -1 (all), 0 (none) or more")
     return OutputConfig(
         metrics_out=a.metrics_out,
         print_freq=a.print_freq,
         eval_every=a.eval_every,
         eval_batches=a.eval_batches,
+        test_batches=None if a.test_batches == -1 else a.test_batches,
         dump_state=a.dump_state,
         export=a.export,
         tensorboard=a.tensorboard,

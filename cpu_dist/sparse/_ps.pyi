@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -11,12 +11,19 @@ NUM_PARTITIONS: int
 
 _T = TypeVar("_T")
 
+# How rows cross the wire (proto/ps.proto, Compression; csrc/codec.h): "none" (float32),
+# "fp16" (IEEE half, ties to even) or "int8" (a float32 scale max|x|/127 per row, then
+# int8 values).  Shards keep and update float32 rows.
+Compression = Literal["none", "fp16", "int8"]
+
 class ClientDefaults(TypedDict):
     max_keys_per_rpc: int
     channels_per_shard: int
     timeout_s: float
     max_message_bytes: int
+    compression: Compression
 
+# Bytes as they cross the wire, rows counted encoded (protobuf framing not counted).
 class Traffic(TypedDict):
     bytes_pulled: int  # key bytes sent in Pull requests + row bytes received in Pull replies
     bytes_pushed: int  # key + gradient bytes sent in Push and Commit requests
@@ -26,6 +33,16 @@ class Traffic(TypedDict):
 
 def client_defaults() -> ClientDefaults:
     """Client's keyword defaults, from their one definition (C++ ClientOptions)."""
+
+def encode_rows(rows: npt.ArrayLike, compression: Compression) -> npt.NDArray[np.uint8]:
+    """float32 rows [n, dim] as the wire carries them: uint8 [n, bytes per row] (4 dim, 2 dim
+    or 4 + dim).  ValueError naming the row and column of a value the encoding cannot carry
+    (non-finite; |x| >= 65520 in fp16)."""
+
+def decode_rows(data: npt.ArrayLike, dim: int, compression: Compression) -> npt.NDArray[np.float32]:
+    """The float32 rows that encoded rows stand for: what a shard applies for a compressed
+    gradient and what a compressed pull returns.  decode_rows(encode_rows(x, c), dim, c) is
+    the round trip a compressed job's rows and gradients go through."""
 
 class PSError(RuntimeError):
     """A failed RPC: "shard I (ADDR): CODE: message"."""
@@ -54,13 +71,22 @@ class Server:
         max_held_bytes: int = 1 << 30,
         max_memory_bytes: int = 4 << 30,
         max_concurrent_streams: int = 256,
+        memory_rows: int = 0,
+        ssd_dir: str = "",
+        admit_after: int = 0,
+        expire_after: int = 0,
     ) -> None:
         """One shard.  ``token``: printable ASCII without spaces (it travels as call
         metadata).  ``session_idle_timeout_s``: commit sessions without a chunk, wait or close
         for this long are ended (0: never).  ``max_sessions``: live sessions; a new one
         evicts the least recently active.  ``max_held_bytes``: per session, the chunks held
         for steps after the next one.  ``max_memory_bytes``: gRPC's memory quota for the
-        server; ``max_concurrent_streams``: per connection.  ValueError on bad values."""
+        server; ``max_concurrent_streams``: per connection.  ``memory_rows``: rows the DRAM
+        tier holds (0: unbounded); without ``ssd_dir`` an update needing more is refused
+        (RESOURCE_EXHAUSTED), with it (an absolute directory; the shard makes its own RocksDB
+        in it and removes it when it stops) the rows beyond go to SSD.  ``admit_after`` N (0,
+        1: off) and ``expire_after`` S (0: off): the step rules of commits (csrc/table_rules.h).
+        ValueError on bad values."""
     def start(self) -> int: ...
     @property
     def port(self) -> int: ...
@@ -93,6 +119,9 @@ class Handle(Generic[_T]):
         """Wait until done: None for a push or commit, the rows (float32 [n, dim], a new
         array) for a pull.  PSError on failure, TimeoutError on timeout; None waits forever."""
     def done(self) -> bool: ...
+    def committed_step(self) -> int | None:
+        """Of a finished pull that named a session: the minimum committed step of the shards
+        it touched (-1: none of them has one yet); None otherwise."""
 
 class Client:
     def __init__(
@@ -106,7 +135,11 @@ class Client:
         channels_per_shard: int = 2,
         timeout_s: float = 60.0,
         max_message_bytes: int = 64 << 20,
-    ) -> None: ...
+        compression: Compression = "none",
+    ) -> None:
+        """``compression``: the job's encoding of pulled rows (unless a pull names another)
+        and of pushed and committed gradients; dumps and checkpoints are never compressed.
+        ``max_keys_per_rpc`` is sized for float32 rows whatever the compression."""
     def close(self) -> None:
         """Wait for in-flight async operations and release the client; idempotent."""
     @property
@@ -115,11 +148,32 @@ class Client:
     def addresses(self) -> list[str]: ...
     @property
     def dim(self) -> int: ...
+    @property
+    def compression(self) -> Compression: ...
+    # Pulls: compression None is the client's ("none" for evaluation pulls of a compressed
+    # job).  With `session`, each shard reports that commit session's committed step, read
+    # before it gathered the rows (they hold at least every step up to it).
     def pull(
-        self, keys: npt.ArrayLike, out: npt.NDArray[np.float32] | None = None
+        self,
+        keys: npt.ArrayLike,
+        out: npt.NDArray[np.float32] | None = None,
+        *,
+        compression: Compression | None = None,
+        session: int | None = None,
     ) -> npt.NDArray[np.float32]: ...
-    def pull_async(self, keys: npt.ArrayLike) -> Handle[npt.NDArray[np.float32]]:
-        """Like pull, at once; wait() returns the rows."""
+    def pull_async(
+        self,
+        keys: npt.ArrayLike,
+        *,
+        compression: Compression | None = None,
+        session: int | None = None,
+    ) -> Handle[npt.NDArray[np.float32]]:
+        """Like pull, at once; wait() returns the rows, committed_step() what the shards
+        reported for `session`."""
+    def last_pull_committed(self) -> int | None:
+        """Of the last blocking pull that named a session (any thread): the minimum committed
+        step of the shards it touched (-1: none has one); None before one or when it touched
+        no shard.  Concurrent pullers use pull_async and Handle.committed_step()."""
     # Push is a direct update, for benchmarks, tests and bulk loading of large tables;
     # training uses commit (aggregated over ranks, ordered by step).  The blocking forms
     # are the asynchronous ones followed by Handle.wait().
@@ -131,7 +185,11 @@ class Client:
     ) -> Handle[None]: ...
     # A shard accepts a commit's chunks for a step up to max_ahead (1..64) beyond its
     # committed one and holds them; steps still apply in order.  Gradients must be finite in
-    # float32 and lr finite and > 0 (ValueError naming the key or the lr; nothing is sent).
+    # float32 (and below 65520 in magnitude with fp16 compression) and lr finite and > 0
+    # (ValueError naming the key or the lr; nothing is sent).  base_step: the job step of the
+    # session's step 0 (constant per session; the shards' admission and expiry rules count
+    # job steps base_step + step).  Pushes and commits send their gradients encoded as the
+    # client's compression; the shard decodes them to float32 before anything else.
     def commit(
         self,
         session: int,
@@ -144,6 +202,7 @@ class Client:
         optimizer: str = "sgd",
         *,
         max_ahead: int = 1,
+        base_step: int = 0,
     ) -> None: ...
     def commit_async(
         self,
@@ -157,6 +216,7 @@ class Client:
         optimizer: str = "sgd",
         *,
         max_ahead: int = 1,
+        base_step: int = 0,
     ) -> Handle[None]: ...
     def wait_committed(self, session: int, step: int, timeout_s: float) -> int: ...
     def committed_step(self, session: int) -> int: ...
@@ -170,8 +230,8 @@ class Client:
         """Per shard: serving, shard_index, num_shards, dim, table (str), seed, init_scale
         (the shard's float32 as a Python float) and rows."""
     def traffic(self) -> Traffic:
-        """Payload bytes and keys this client moved in successful RPCs (protobuf framing
-        not counted)."""
+        """Payload bytes and keys this client moved in successful RPCs, rows counted as
+        encoded on the wire (protobuf framing not counted)."""
     def shutdown(self) -> None: ...
     def dump(self, *, max_bytes: int | None = None) -> _Rows:
         """Every row of every shard sorted by key; fetched in pages of at most max_bytes

@@ -96,6 +96,7 @@ class CommitSession:
             self.lr,
             self.optimizer,
             max_ahead=max_ahead,
+            base_step=self.base,  # admission and expiry count job steps
         )
 
     def wait_applied(self, step: int, refresh: bool = False) -> None:

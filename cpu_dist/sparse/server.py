@@ -54,6 +54,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="close commit sessions idle this many seconds, e.g. a crashed job's (0: never)",
     )
     ap.add_argument(
+        "--ps-memory-rows",
+        type=int,
+        default=0,
+        help="rows this shard keeps in DRAM (0: unbounded); beyond it rows go to --ps-ssd-dir, "
+        "or without one the update that needs more is refused",
+    )
+    ap.add_argument(
+        "--ps-ssd-dir",
+        default="",
+        help="SSD tier: the shard keeps the rows beyond --ps-memory-rows in a RocksDB it "
+        "creates in this directory and removes when it stops (working storage, not a checkpoint)",
+    )
+    ap.add_argument(
+        "--ps-admit-after",
+        type=int,
+        default=0,
+        help="a key's gradients are applied from the N-th committed step that contains it "
+        "(0 or 1: at once); Push is not subject to it",
+    )
+    ap.add_argument(
+        "--ps-expire-after",
+        type=int,
+        default=0,
+        help="rows not updated by a commit for S steps are dropped (0: never)",
+    )
+    ap.add_argument(
         "--drain-timeout",
         type=float,
         default=10.0,
@@ -88,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         max_message_bytes=args.max_message_mb << 20,
         checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else "",
         session_idle_timeout_s=args.session_idle_timeout,
+        memory_rows=args.ps_memory_rows,
+        ssd_dir=str(Path(args.ps_ssd_dir).resolve()) if args.ps_ssd_dir else "",
+        admit_after=args.ps_admit_after,
+        expire_after=args.ps_expire_after,
     )
     srv.start()
     print(f"listening on {srv.address}", flush=True)

@@ -1,13 +1,16 @@
-"""Held-out evaluation of the distributed model: every worker scores its slice of each eval
-batch, worker 0 computes AUC and log loss over all of them."""
+"""Held-out evaluation of the distributed model: every worker scores its slice of each held-out
+batch (the eval split during training, the test split at the end), worker 0 computes AUC and
+log loss over all of them."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from cpu_dist.data import Dataset, eval_batches
+from cpu_dist.data import Batch
 from cpu_dist.models.dlrm import DLRM
 from cpu_dist.models.embedding import ShardedEmbedding
 from cpu_dist.models.scoring import evaluate
@@ -16,23 +19,26 @@ from cpu_dist.models.scoring import evaluate
 def evaluate_model(
     model: DLRM,
     embedding: ShardedEmbedding,
-    dataset: Dataset,
+    batches: Iterable[Batch],
     comm: MPI.Intracomm,
     *,
-    batch_size: int,
-    num_batches: int,
     dtype: torch.dtype,
+    read_rows: Callable[[np.ndarray], np.ndarray],
+    prefix: str = "eval",
 ) -> dict[str, float]:
-    """``{"eval_auc", "eval_logloss"}`` on worker 0 (empty elsewhere).  The caller makes sure
-    every commit it means to evaluate is applied first."""
+    """``{"<prefix>_auc", "<prefix>_logloss"}`` on worker 0 (empty elsewhere, and when there
+    were no batches).  Every worker walks the same global ``batches``.  The caller makes sure
+    every commit it means to evaluate is applied first; ``read_rows`` reads float32 rows as
+    the PS holds them (never through a lossy wire encoding)."""
     rank, world = comm.Get_rank(), comm.Get_size()
     scores, labels = [], []
     model.eval()
     with torch.no_grad():
-        for batch in eval_batches(dataset, batch_size, num_batches):
+        for batch in batches:
             part = batch.shard(rank, world)
             keys = torch.from_numpy(part.keys)
-            rows = torch.from_numpy(embedding.store.pull(embedding.unique_keys(keys)))
+            unique = embedding.unique_keys(keys)
+            rows = torch.from_numpy(read_rows(unique))
             logits = model(torch.from_numpy(part.dense).to(dtype), keys, rows=rows)
             scores.append(logits.double().numpy())
             labels.append(part.labels.astype(np.float64))
@@ -46,4 +52,4 @@ def evaluate_model(
     y = np.concatenate([g[1] for g in gathered])
     if not len(y):
         return {}
-    return {f"eval_{k}": v for k, v in evaluate(s, y).items()}
+    return {f"{prefix}_{k}": v for k, v in evaluate(s, y).items()}

@@ -23,7 +23,7 @@ from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.common.timing import PhaseTimer
-from cpu_dist.data import WorkerBatches, dataset_for
+from cpu_dist.data import WorkerBatches, dataset_for, eval_batches
 from cpu_dist.dense.allreduce import broadcast_parameters
 from cpu_dist.dense.sync import make_dense_sync
 from cpu_dist.export import export_from_client
@@ -56,6 +56,7 @@ def make_client(cfg: Config, token: str, addresses: list[str]) -> Client:
         channels_per_shard=c.channels,
         timeout_s=c.rpc_timeout_s,
         max_message_bytes=c.max_message_bytes,
+        compression=c.compression,
     )
 
 
@@ -225,16 +226,23 @@ class Worker:
             **self.pipeline.metrics(),
         }
 
-    def _evaluate(self, step: int) -> dict[str, float]:
+    def _evaluate(self, step: int, split: str = "eval") -> dict[str, float]:
+        """Held-out AUC and log loss after ``step`` steps: ``--eval-batches`` batches of the
+        eval split, or at the end ``--test-batches`` of the test split (where there is one)."""
         self.pipeline.wait_readable(step)
+        bs, out = self.cfg.train.batch_size, self.cfg.output
+        if split == "eval":
+            batches = eval_batches(self.dataset, bs, out.eval_batches)
+        else:
+            batches = self.dataset.test_batches(bs, out.test_batches)
         result = evaluate_model(
             self.model,
             self.embedding,
-            self.dataset,
+            batches,
             self.comm,
-            batch_size=self.cfg.train.batch_size,
-            num_batches=self.cfg.output.eval_batches,
             dtype=self.dtype,
+            read_rows=lambda keys: self.client.pull(keys, compression="none"),
+            prefix=split,
         )
         if result:
             self.log.write({"step": step, **result})
@@ -259,6 +267,8 @@ class Worker:
 
     def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
         result = self._evaluate(steps)
+        if self.cfg.output.test_batches != 0:
+            result.update(self._evaluate(steps, "test"))
         if self.chief:
             if self.cfg.output.dump_state:
                 keys, values, _ = self.client.dump()
@@ -275,6 +285,12 @@ class Worker:
                 / max(run_s, 1e-9),
                 **result,
             }
+            t = self.cfg.table
+            head.update(
+                metrics.table_figures(
+                    self.client.stats(), t.memory_rows > 0, t.admit_after > 1 or t.expire_after > 0
+                )
+            )
             summary = self._record(head)
             self.log.write({"summary": summary})
             print(metrics.summary_table(summary), flush=True)

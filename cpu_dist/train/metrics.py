@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -177,6 +177,18 @@ def format_table(
         if n == 0 and headers is not None:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def table_figures(shard_stats: Sequence[Mapping[str, Any]], tiered: bool, rules: bool) -> dict:
+    """The PS table at the end of a run, summed over shards: its rows, and where the job set
+    them, the tiers' split (``--ps-memory-rows``/``--ps-ssd-dir``) and the step rules'
+    counters (``--ps-admit-after``/``--ps-expire-after``)."""
+    names = ["rows"]
+    if tiered:
+        names += ["rows_dram", "rows_ssd", "ssd_bytes", "rows_read_ssd"]
+    if rules:
+        names += ["rows_admitted", "rows_expired", "pending_counts"]
+    return {f"ps_{n}": sum(int(s.get(n, 0)) for s in shard_stats) for n in names}
 
 
 def summary_table(summary: Mapping[str, Any]) -> str:

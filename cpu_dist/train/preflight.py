@@ -48,7 +48,12 @@ def _mismatches(cfg: Config, index: int, count: int, health: dict) -> list[str]:
         "seed": cfg.train.seed,
         # the shard keeps its init scale in float32
         "init_scale": float(np.float32(cfg.model.init_scale)),
+        # the table's step rules change the model: a shard must apply the job's own
+        "admit_after": cfg.table.admit_after if cfg.table.admit_after > 1 else 0,
+        "expire_after": cfg.table.expire_after,
     }
+    if health.get("admit_after") == 1:  # 0 and 1 both mean "off"
+        health = {**health, "admit_after": 0}
     return [
         f"{key} {health.get(key)!r} (the job expects {want!r})"
         for key, want in expect.items()
@@ -76,7 +81,8 @@ def check_external_shards(cfg: Config, token: str) -> None:
             raise SetupError(
                 f"shard {i} of --ps_list ({address}) does not match the job: "
                 + "; ".join(wrong)
-                + " (start it with the job's --seed, --init-scale and --embedding-dim, and "
+                + " (start it with the job's --seed, --init-scale, --embedding-dim, "
+                "--ps-admit-after and --ps-expire-after, and "
                 f"--shard-index {i} --num-shards {len(addresses)})"
             )
     held = [(a, _rows(h)) for a, h in zip(addresses, health) if _rows(h)]

@@ -153,11 +153,11 @@ def test_bad_files_are_refused_and_named(shards, tmp_path):
     import zlib
 
     bad = bytearray(good)
-    bad[8:12] = struct.pack("<I", 2)
-    hlen = 48 + len("embedding") + 4096 * 12
+    bad[8:12] = struct.pack("<I", 3)
+    hlen = 48 + len("embedding") + 4096 * 20  # version 2: rows, counts, crc per partition
     bad[hlen : hlen + 4] = struct.pack("<I", zlib.crc32(bytes(bad[:hlen])))
     f0.write_bytes(bytes(bad))
-    refused(b.client, paths, [], [], "format version 2, this build reads version 1", before)
+    refused(b.client, paths, [], [], "format version 3, this build reads versions 1 to 2", before)
     # the other file of another checkpoint, same size
     f0.write_bytes(good)
     msg = refused(b.client, paths, sizes, [sums[0] ^ 1, sums[1]], "is not the manifest's", before)

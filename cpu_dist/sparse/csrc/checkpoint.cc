@@ -32,9 +32,11 @@ namespace {
 // One shard file whose header has been read and checked.
 struct OpenedFile {
   std::unique_ptr<Fd> fd;
-  std::vector<uint64_t> rows;    // per partition
-  std::vector<uint32_t> crcs;    // per partition
-  std::vector<uint64_t> offset;  // per partition: where its block starts
+  uint32_t version = kFormatVersion;
+  std::vector<uint64_t> rows;     // per partition
+  std::vector<uint64_t> pending;  // per partition: counts of keys without a row (version 2)
+  std::vector<uint32_t> crcs;     // per partition
+  std::vector<uint64_t> offset;   // per partition: where its block starts
 };
 
 // Errors about one file: "checkpoint PATH: what".
@@ -54,13 +56,13 @@ FileHeader read_header(int fd, uint64_t size, const FileSpec& spec, const FileEr
   const FixedHeader fixed = decode_fixed(fixed_bytes);
   if (std::memcmp(fixed.magic, FixedHeader().magic, sizeof(fixed.magic)) != 0)
     throw fail(StatusCode::DATA_LOSS, "not a cpu_dist PS checkpoint file (bad magic)");
-  if (fixed.format_version != kFormatVersion)
+  if (fixed.format_version < kOldestFormatVersion || fixed.format_version > kFormatVersion)
     throw fail(StatusCode::FAILED_PRECONDITION,
-               absl::StrCat("format version ", fixed.format_version, ", this build reads version ",
-                            kFormatVersion));
+               absl::StrCat("format version ", fixed.format_version, ", this build reads versions ",
+                            kOldestFormatVersion, " to ", kFormatVersion));
   if (fixed.num_partitions != kNumPartitions || fixed.table_len > kMaxTableLen)
     throw fail(StatusCode::DATA_LOSS, "corrupt header");
-  const size_t hsize = header_size(fixed.table_len);
+  const size_t hsize = header_size(fixed.table_len, kNumPartitions, fixed.format_version);
   std::string bytes(hsize, '\0');
   if (!pread_all(fd, bytes.data(), hsize, 0))
     throw fail(StatusCode::DATA_LOSS,
@@ -78,7 +80,7 @@ FileHeader read_header(int fd, uint64_t size, const FileSpec& spec, const FileEr
 }
 
 OpenedFile open_checked(const FileSpec& spec, const std::string& table, uint32_t dim,
-                        size_t row_bytes, int64_t* step) {
+                        int64_t* step) {
   const FileErrors fail{absl::StrCat("checkpoint ", spec.path, ": ")};
   OpenedFile of;
   of.fd = std::make_unique<Fd>(::open(spec.path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -101,21 +103,26 @@ OpenedFile open_checked(const FileSpec& spec, const std::string& table, uint32_t
     throw fail(StatusCode::INVALID_ARGUMENT,
                absl::StrCat("rows of dim ", h.fixed.dim, ", the table's dim is ", dim));
   *step = h.fixed.step;
+  of.version = h.fixed.format_version;
   of.rows = std::move(h.partition_rows);
+  of.pending = std::move(h.partition_pending);
   of.crcs = std::move(h.partition_crc);
   of.offset.resize(kNumPartitions);
-  const uint64_t hsize = header_size(h.fixed.table_len), rows = h.fixed.rows;
+  const uint64_t row_bytes = block_row_bytes(dim, of.version);
+  const uint64_t hsize = header_size(h.fixed.table_len, kNumPartitions, of.version);
+  const uint64_t rows = h.fixed.rows;
   uint64_t total = 0, off = hsize;
   for (uint32_t p = 0; p < kNumPartitions; ++p) {
-    if (of.rows[p] > size / row_bytes) throw fail(StatusCode::DATA_LOSS, "corrupt header");
+    if (of.rows[p] > size / row_bytes || of.pending[p] > size / kPendingBytes)
+      throw fail(StatusCode::DATA_LOSS, "corrupt header");
     of.offset[p] = off;
-    off += of.rows[p] * row_bytes;
+    off += of.rows[p] * row_bytes + of.pending[p] * kPendingBytes;
     total += of.rows[p];
   }
-  if (total != rows || hsize + rows * row_bytes != size)
+  if (total != rows || off != size)
     throw fail(StatusCode::DATA_LOSS,
                absl::StrCat("truncated or corrupt (", size, " bytes; the header's ", rows,
-                            " rows need ", hsize + rows * row_bytes, ")"));
+                            " rows need ", off, ")"));
   return of;
 }
 
@@ -132,13 +139,41 @@ struct LoadPlan {
   int64_t step = -1;
 };
 
+// A partition's block: where its parts start (see checkpoint_format.h).
+struct BlockView {
+  const int64_t* keys;  // aligned: the block starts at the buffer's start
+  const float* values;
+  const float* state;
+  const char* steps;    // int64[n], maybe unaligned; null in version 1
+  const char* pending;  // int64 keys[m], counts[m], last_seen[m], maybe unaligned
+  size_t n, m;
+};
+
+BlockView view_block(const char* b, size_t n, size_t m, uint32_t dim, uint32_t version) {
+  BlockView v{};
+  v.n = n;
+  v.m = m;
+  v.keys = reinterpret_cast<const int64_t*>(b);
+  v.values = reinterpret_cast<const float*>(b + n * sizeof(int64_t));
+  v.state = v.values + n * dim;
+  const char* after = b + n * (sizeof(int64_t) + (size_t{dim} + 1) * sizeof(float));
+  v.steps = version >= 2 ? after : nullptr;
+  v.pending = version >= 2 ? after + n * sizeof(int64_t) : nullptr;
+  return v;
+}
+
+int64_t load_i64(const char* p, size_t i) {
+  int64_t v;
+  std::memcpy(&v, p + i * sizeof(v), sizeof(v));
+  return v;
+}
+
 LoadPlan plan_load(const std::vector<FileSpec>& files, const std::string& table_name, uint32_t dim,
                    uint32_t shard_index, uint32_t num_shards) {
-  const size_t row_bytes = sizeof(int64_t) + (static_cast<size_t>(dim) + 1) * sizeof(float);
   LoadPlan plan;
   for (size_t fi = 0; fi < files.size(); ++fi) {
     int64_t step = -1;
-    plan.opened.push_back(open_checked(files[fi], table_name, dim, row_bytes, &step));
+    plan.opened.push_back(open_checked(files[fi], table_name, dim, &step));
     if (fi == 0) {
       plan.step = step;
     } else if (step != plan.step) {
@@ -147,7 +182,7 @@ LoadPlan plan_load(const std::vector<FileSpec>& files, const std::string& table_
                                          files[0].path, " holds step ", plan.step));
     }
     for (uint32_t p = shard_index; p < kNumPartitions; p += num_shards) {
-      if (plan.opened[fi].rows[p] == 0) continue;
+      if (plan.opened[fi].rows[p] == 0 && plan.opened[fi].pending[p] == 0) continue;
       if (plan.owner[p] >= 0)
         throw CheckpointError(StatusCode::INVALID_ARGUMENT,
                               absl::StrCat("checkpoint ", files[fi].path, ": partition ", p,
@@ -159,25 +194,33 @@ LoadPlan plan_load(const std::vector<FileSpec>& files, const std::string& table_
   return plan;
 }
 
-// A partition's block as read into memory (keys, values, state; see checkpoint_format.h).
-// Checks its checksum, and that its keys belong to it, ascending.
-void check_block(const char* block, size_t m, uint32_t p, uint32_t expected_crc, size_t len,
-                 const std::string& path) {
+// Keys of partition p, ascending (so no key twice); `what`: "keys" or "counted keys".
+template <class Get>
+void check_keys(Get key, size_t n, uint32_t p, const char* what, const std::string& path) {
+  for (size_t j = 0; j < n; ++j) {
+    const int64_t k = key(j);
+    if (partition_of(k) != p)
+      throw CheckpointError(StatusCode::DATA_LOSS, absl::StrCat("checkpoint ", path, ": key ", k,
+                                                                " stored in partition ", p));
+    if (j > 0 && k <= key(j - 1))
+      throw CheckpointError(
+          StatusCode::DATA_LOSS,
+          absl::StrCat("checkpoint ", path, ": ", what, " of partition ", p, " are not ascending"));
+  }
+}
+
+// A partition's block as read into memory.  Checks its checksum, and that its keys and its
+// counted keys belong to it, ascending.
+void check_block(const char* block, const BlockView& v, uint32_t p, uint32_t expected_crc,
+                 size_t len, const std::string& path) {
   const uint32_t got = crc32_of(0, block, len);
   if (got != expected_crc)
     throw CheckpointError(StatusCode::DATA_LOSS, absl::StrCat("checkpoint ", path, ": partition ",
                                                               p, " is corrupt (crc32 ", got,
                                                               ", header says ", expected_crc, ")"));
-  const int64_t* k = reinterpret_cast<const int64_t*>(block);
-  for (size_t j = 0; j < m; ++j) {
-    if (partition_of(k[j]) != p)
-      throw CheckpointError(StatusCode::DATA_LOSS, absl::StrCat("checkpoint ", path, ": key ", k[j],
-                                                                " stored in partition ", p));
-    if (j > 0 && k[j] <= k[j - 1])  // ascending: no key twice
-      throw CheckpointError(
-          StatusCode::DATA_LOSS,
-          absl::StrCat("checkpoint ", path, ": keys of partition ", p, " are not ascending"));
-  }
+  check_keys([&](size_t j) { return v.keys[j]; }, v.n, p, "keys", path);
+  if (v.m > 0)
+    check_keys([&](size_t j) { return load_i64(v.pending, j); }, v.m, p, "counted keys", path);
 }
 
 }  // namespace
@@ -188,7 +231,6 @@ LoadedRows load_for_shard(const std::vector<FileSpec>& files, const std::string&
   if (files.empty()) throw CheckpointError(StatusCode::INVALID_ARGUMENT, "no checkpoint files");
   if (num_shards == 0 || shard_index >= num_shards)
     throw CheckpointError(StatusCode::INVALID_ARGUMENT, "bad shard index");
-  const size_t row_bytes = sizeof(int64_t) + (static_cast<size_t>(dim) + 1) * sizeof(float);
   const LoadPlan plan = plan_load(files, table_name, dim, shard_index, num_shards);
   LoadedRows out;
   out.step = plan.step;
@@ -197,12 +239,13 @@ LoadedRows load_for_shard(const std::vector<FileSpec>& files, const std::string&
   // staged table's memory is new), each checked before its rows are staged.
   std::unique_ptr<char[], FreeBytes> buf;
   size_t buf_len = 0;
+  std::vector<int64_t> steps;
   for (uint32_t p = shard_index; p < kNumPartitions; p += num_shards) {
     if (plan.owner[p] < 0) continue;
     const OpenedFile& of = plan.opened[plan.owner[p]];
     const std::string& path = files[plan.owner[p]].path;
     const size_t m = of.rows[p];
-    const size_t len = m * row_bytes;
+    const size_t len = m * block_row_bytes(dim, of.version) + of.pending[p] * kPendingBytes;
     if (len > buf_len) {
       buf.reset(static_cast<char*>(std::malloc(len)));  // malloc: no zero-fill
       if (buf == nullptr) throw std::bad_alloc();
@@ -211,13 +254,22 @@ LoadedRows load_for_shard(const std::vector<FileSpec>& files, const std::string&
     if (!pread_all(of.fd->get(), buf.get(), len, of.offset[p]))
       throw CheckpointError(StatusCode::DATA_LOSS,
                             absl::StrCat("checkpoint ", path, ": truncated"));
-    check_block(buf.get(), m, p, of.crcs[p], len, path);
-    // Aligned in the buffer: keys first (8-byte), values and state right after (4-byte).
-    const int64_t* k = reinterpret_cast<const int64_t*>(buf.get());
-    const float* v = reinterpret_cast<const float*>(buf.get() + m * sizeof(int64_t));
-    table.stage_rows(*out.staged, k, v, v + m * dim, m);
+    const BlockView v = view_block(buf.get(), m, of.pending[p], dim, of.version);
+    check_block(buf.get(), v, p, of.crcs[p], len, path);
+    // Aligned in the buffer: keys first (8-byte), values and state right after (4-byte); the
+    // steps may not be.
+    if (v.steps != nullptr) {
+      steps.resize(m);
+      std::memcpy(steps.data(), v.steps, m * sizeof(int64_t));
+    }
+    table.stage_rows(*out.staged, v.keys, v.values, v.state,
+                     v.steps != nullptr ? steps.data() : nullptr, m);
+    for (size_t j = 0; j < v.m; ++j)
+      table.stage_pending(*out.staged, load_i64(v.pending, j), load_i64(v.pending, v.m + j),
+                          load_i64(v.pending, 2 * v.m + j));
     out.n += m;
   }
+  table.finish_staged(*out.staged);
   return out;
 }
 

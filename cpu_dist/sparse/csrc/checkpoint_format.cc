@@ -46,9 +46,9 @@ class Reader {
 
 }  // namespace
 
-size_t header_size(uint32_t table_len, uint32_t num_partitions) {
-  return sizeof(FixedHeader) + table_len +
-         size_t{num_partitions} * (sizeof(uint64_t) + sizeof(uint32_t)) + sizeof(uint32_t);
+size_t header_size(uint32_t table_len, uint32_t num_partitions, uint32_t version) {
+  const size_t per = sizeof(uint64_t) * (version >= 2 ? 2 : 1) + sizeof(uint32_t);
+  return sizeof(FixedHeader) + table_len + size_t{num_partitions} * per + sizeof(uint32_t);
 }
 
 uint32_t crc32_of(uint32_t c, const void* data, size_t n) {
@@ -66,11 +66,12 @@ std::string encode_header(FileHeader& h) {
   h.fixed.table_len = static_cast<uint32_t>(h.table.size());
   h.fixed.num_partitions = static_cast<uint32_t>(h.partition_rows.size());
   std::string out;
-  out.reserve(header_size(h.fixed.table_len, h.fixed.num_partitions));
+  out.reserve(header_size(h.fixed.table_len, h.fixed.num_partitions, h.fixed.format_version));
   Writer w(&out);
   w.bytes(&h.fixed, sizeof(FixedHeader));
   w.bytes(h.table.data(), h.table.size());
   w.array(h.partition_rows);
+  if (h.fixed.format_version >= 2) w.array(h.partition_pending);
   w.array(h.partition_crc);
   h.header_crc = crc32_of(0, out.data(), out.size());
   w.bytes(&h.header_crc, sizeof(h.header_crc));
@@ -90,6 +91,11 @@ FileHeader decode_header(const std::string& bytes) {
   h.table.resize(h.fixed.table_len);
   r.bytes(h.table.data(), h.table.size());
   r.array(h.partition_rows, h.fixed.num_partitions);
+  if (h.fixed.format_version >= 2) {
+    r.array(h.partition_pending, h.fixed.num_partitions);
+  } else {
+    h.partition_pending.assign(h.fixed.num_partitions, 0);
+  }
   r.array(h.partition_crc, h.fixed.num_partitions);
   r.bytes(&h.header_crc, sizeof(h.header_crc));
   return h;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -82,10 +83,51 @@ struct Place {
   }
 };
 
-// Writes partitions [lo, hi) as blocks (keys ascending) from `off` on; fills their checksums.
-// Returns the end offset.
-uint64_t write_piece(const ShardTable& table, uint32_t lo, uint32_t hi, int fd, uint64_t off,
-                     FileHeader& h, const std::string& path) {
+// Counts of keys without a row, in file order (partition, key).
+struct PendingRow {
+  uint32_t partition;
+  int64_t key, count, last_seen;
+};
+
+// One partition's block as it is assembled (checkpoint_format.h, version 2).
+struct Block {
+  std::vector<int64_t> keys, steps;
+  std::vector<float> values, state;
+  std::vector<char> bytes;
+
+  void clear() {
+    keys.clear();
+    steps.clear();
+    values.clear();
+    state.clear();
+  }
+  // The block's bytes, counts after the rows.
+  const std::vector<char>& assemble(const PendingRow* pend, size_t m) {
+    const size_t n = keys.size();
+    bytes.resize(n * sizeof(int64_t) + (values.size() + state.size()) * sizeof(float) +
+                 n * sizeof(int64_t) + m * kPendingBytes);
+    char* p = bytes.data();
+    const auto put = [&p](const void* src, size_t len) {
+      if (len > 0) std::memcpy(p, src, len);
+      p += len;
+    };
+    put(keys.data(), n * sizeof(int64_t));
+    put(values.data(), values.size() * sizeof(float));
+    put(state.data(), n * sizeof(float));
+    put(steps.data(), n * sizeof(int64_t));
+    for (size_t j = 0; j < m; ++j) put(&pend[j].key, sizeof(int64_t));
+    for (size_t j = 0; j < m; ++j) put(&pend[j].count, sizeof(int64_t));
+    for (size_t j = 0; j < m; ++j) put(&pend[j].last_seen, sizeof(int64_t));
+    return bytes;
+  }
+};
+
+// Writes partitions [lo, hi) as blocks from `off` on, merging the DRAM rows (read under the
+// stripe locks) with the SSD tier's (a range scan in the file's own order; where a row is in
+// both, DRAM's is the current one); fills their counts and checksums.  Returns the end offset.
+uint64_t write_piece(const ShardTable& table, uint32_t lo, uint32_t hi,
+                     const std::vector<PendingRow>& pending, size_t* next_pending, int fd,
+                     uint64_t off, FileHeader& h, const std::string& path) {
   std::vector<Place> places;
   uint64_t n = 0;
   for (uint32_t p = lo; p < hi; ++p) n += h.partition_rows[p];
@@ -95,22 +137,59 @@ uint64_t write_piece(const ShardTable& table, uint32_t lo, uint32_t hi, int fd, 
     if (p >= lo && p < hi) places.push_back(Place{p, key});
   });
   std::sort(places.begin(), places.end());
+  // After the DRAM keys: a row evicted meanwhile is on SSD by then (table.h).
+  std::unique_ptr<TierStore::Cursor> cur = table.ssd_cursor(hi, true);
+  if (cur) cur->seek(lo, false, 0);
   const uint32_t dim = table.dim();
-  std::vector<char> buf;
-  std::vector<int64_t> keys;
-  for (size_t i = 0; i < places.size();) {
-    const uint32_t p = places[i].partition;
-    keys.clear();
-    for (; i < places.size() && places[i].partition == p; ++i) keys.push_back(places[i].key);
-    const size_t m = keys.size();
-    buf.resize(m * (sizeof(int64_t) + (size_t{dim} + 1) * sizeof(float)));
-    char* v = buf.data() + m * sizeof(int64_t);
-    std::memcpy(buf.data(), keys.data(), m * sizeof(int64_t));
-    table.gather(keys.data(), m, v, v + m * dim * sizeof(float));  // under the stripe locks
-    h.partition_crc[p] = crc32_of(0, buf.data(), buf.size());
-    pwrite_all(fd, buf.data(), buf.size(), off, path);  // no lock held
-    off += buf.size();
+  Block blk;
+  std::vector<int64_t> dkeys, dsteps;
+  std::vector<float> dvalues, dstate;
+  size_t i = 0, pi = *next_pending;
+  for (uint32_t p = lo; p < hi; ++p) {
+    dkeys.clear();
+    for (; i < places.size() && places[i].partition == p; ++i) dkeys.push_back(places[i].key);
+    const size_t dn = dkeys.size();
+    dvalues.resize(dn * dim);
+    dstate.resize(dn);
+    dsteps.resize(dn);
+    if (dn > 0) table.read(dkeys.data(), dn, dvalues.data(), dstate.data(), dsteps.data());
+    blk.clear();
+    size_t d = 0;
+    const auto take_dram = [&] {
+      blk.keys.push_back(dkeys[d]);
+      blk.values.insert(blk.values.end(), &dvalues[d * dim], &dvalues[d * dim] + dim);
+      blk.state.push_back(dstate[d]);
+      blk.steps.push_back(dsteps[d]);
+      ++d;
+    };
+    for (; cur && cur->valid() && cur->partition() == p; cur->next()) {
+      const int64_t k = cur->key();
+      while (d < dn && dkeys[d] < k) take_dram();
+      if (d < dn && dkeys[d] == k) {
+        take_dram();  // the DRAM row; the SSD copy may be stale
+        continue;
+      }
+      blk.keys.push_back(k);
+      blk.values.resize(blk.values.size() + dim);
+      float state;
+      int64_t step;
+      table.ssd_decode(cur->value(), &blk.values[blk.values.size() - dim], &state, &step);
+      blk.state.push_back(state);
+      blk.steps.push_back(step);
+    }
+    while (d < dn) take_dram();
+    const size_t first_pending = pi;
+    while (pi < pending.size() && pending[pi].partition == p) ++pi;
+    const size_t m = pi - first_pending;
+    h.partition_rows[p] = blk.keys.size();
+    h.partition_pending[p] = m;
+    if (blk.keys.empty() && m == 0) continue;
+    const std::vector<char>& bytes = blk.assemble(pending.data() + first_pending, m);
+    h.partition_crc[p] = crc32_of(0, bytes.data(), bytes.size());
+    pwrite_all(fd, bytes.data(), bytes.size(), off, path);  // no lock held
+    off += bytes.size();
   }
+  *next_pending = pi;
   return off;
 }
 
@@ -128,19 +207,32 @@ SaveResult save_shard(const ShardTable& table, const ShardTable::Frozen&, const 
   h.fixed.num_shards = meta.num_shards;
   h.fixed.step = meta.step;
   h.table = meta.table;
+  // DRAM rows per partition first (they plan the pieces); write_piece sets the final counts.
   h.partition_rows.assign(kNumPartitions, 0);
+  h.partition_pending.assign(kNumPartitions, 0);
   h.partition_crc.assign(kNumPartitions, 0);
+  uint64_t dram_rows = 0;
   table.for_each_key([&](int64_t key) { ++h.partition_rows[partition_of(key)]; });
-  for (uint64_t r : h.partition_rows) h.fixed.rows += r;
-  const uint64_t row_bytes = sizeof(int64_t) + (uint64_t{table.dim()} + 1) * sizeof(float);
-  const uint64_t piece_bytes = std::max(kMinPieceBytes, h.fixed.rows * row_bytes / kMaxPieces);
+  for (uint64_t r : h.partition_rows) dram_rows += r;
+  std::vector<PendingRow> pending;
+  table.for_each_pending([&](int64_t key, int64_t count, int64_t last_seen) {
+    pending.push_back(PendingRow{partition_of(key), key, count, last_seen});
+  });
+  std::sort(pending.begin(), pending.end(), [](const PendingRow& a, const PendingRow& b) {
+    return a.partition != b.partition ? a.partition < b.partition : a.key < b.key;
+  });
+  const uint64_t row_bytes = block_row_bytes(table.dim(), kFormatVersion);
+  const uint64_t piece_bytes = std::max(kMinPieceBytes, dram_rows * row_bytes / kMaxPieces);
   const std::vector<uint32_t> first = plan_pieces(h.partition_rows, piece_bytes / row_bytes);
   SaveResult res;
   try {
     uint64_t off = header_size(static_cast<uint32_t>(h.table.size()));
+    size_t next_pending = 0;
     for (size_t i = 0; i + 1 < first.size(); ++i)
-      off = write_piece(table, first[i], first[i + 1], f->get(), off, h, tmp);
+      off =
+          write_piece(table, first[i], first[i + 1], pending, &next_pending, f->get(), off, h, tmp);
     res.bytes = off;
+    for (uint64_t r : h.partition_rows) h.fixed.rows += r;
     const std::string head = encode_header(h);
     pwrite_all(f->get(), head.data(), head.size(), 0, tmp);
     if (::fsync(f->get()) != 0 || f->close() != 0)

@@ -42,6 +42,16 @@ Optimizer to_proto(OptimizerKind k) {
   return k == OptimizerKind::kSgd ? Optimizer::SGD : Optimizer::ROWWISE_ADAGRAD;
 }
 
+Compression to_proto(Encoding e) { return static_cast<Compression>(encoding_to_wire(e)); }
+
+// A gradient row the client's encoding cannot carry: refused before anything is sent.
+[[noreturn]] void refuse_gradient(const EncodeFailure& f, int64_t key, Encoding e,
+                                  const std::string& where) {
+  throw std::invalid_argument(absl::StrCat("gradient of key ", key, " in ", where, " (row ",
+                                           f.index, "): ", describe(e, f.error),
+                                           "; nothing was sent"));
+}
+
 void check_options(const ClientOptions& o) {
   if (o.addresses.empty()) throw std::invalid_argument("addresses must not be empty");
   check_token_text(o.token);
@@ -88,19 +98,45 @@ class FirstOccurrences {
   std::vector<uint32_t> uid_;  // per position: index of its key in first_
 };
 
-// A PullResponse written by hand (service.cc): the values field's header, then the rows of
-// part's keys, each copied to its position in `out`.
-grpc::Status decode_rows(const grpc::ByteBuffer& reply, const Part& part, uint32_t dim,
-                         float* out) {
-  const size_t row_bytes = size_t{dim} * sizeof(float);
+// A PullResponse written by hand (service.cc): the values field's header, the rows of
+// part's keys encoded as `enc`, each decoded to its position in `out`, then (when the pull
+// named a session: `seen`) the committed_step field.
+grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint32_t dim,
+                          Encoding enc, CommittedSeen* seen, float* out) {
+  const size_t row_bytes = encoded_row_bytes(enc, dim);
+  auto malformed = [&](const std::string& why) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("malformed PullResponse: expected ", part.n, " rows of dim ",
+                                     dim, " encoded as ", encoding_name(enc), why));
+  };
   wire::SliceReader r(reply);
   uint64_t len = 0;
   if (!r.read_bytes_header(PullResponse::kValuesFieldNumber, &len) || len != part.n * row_bytes ||
-      r.remaining() != len)
-    return grpc::Status(
-        grpc::StatusCode::INTERNAL,
-        absl::StrCat("malformed PullResponse: expected ", part.n, " rows of dim ", dim));
-  for (size_t j = 0; j < part.n; ++j) r.read(out + size_t{part.idx[j]} * dim, row_bytes);
+      r.remaining() < len)
+    return malformed("");
+  std::vector<uint8_t> staged(enc == Encoding::kNone ? 0 : row_bytes);
+  for (size_t j = 0; j < part.n; ++j) {
+    float* dst = out + size_t{part.idx[j]} * dim;
+    if (enc == Encoding::kNone) {
+      r.read(dst, row_bytes);
+      continue;
+    }
+    const uint8_t* src = r.contiguous(row_bytes);
+    if (src == nullptr) {  // the row straddles two slices
+      r.read(staged.data(), row_bytes);
+      src = staged.data();
+    }
+    CodecError err;
+    if (!decode_row(enc, src, dim, dst, &err))
+      return malformed(absl::StrCat(": row ", j, ": ", describe(enc, err)));
+  }
+  if (seen != nullptr) {
+    int64_t committed = 0;
+    if (!r.read_int64_field(PullResponse::kCommittedStepFieldNumber, &committed))
+      return malformed(" and a committed_step (the pull named a session)");
+    seen->note(committed);
+  }
+  if (r.remaining() != 0) return malformed(absl::StrCat(": ", r.remaining(), " bytes too many"));
   return grpc::Status::OK;
 }
 
@@ -169,13 +205,14 @@ Call& PsClient::add_call(Calls& calls, uint32_t shard, uint32_t channel, const c
   return *calls.back();
 }
 
-Call& PsClient::add_part_call(Calls& calls, const Part& part, const char* method,
-                              TrafficKind kind) {
+Call& PsClient::add_part_call(Calls& calls, const Part& part, const char* method, TrafficKind kind,
+                              Encoding enc) {
   Call& c = add_call(calls, part.shard, part.channel, method);
-  // Pull: keys out, one row per key back; push and commit: keys and one row per key out.
+  // Pull: keys out, one encoded row per key back; push and commit: keys and one encoded row
+  // per key out.
   c.traffic = kind;
   c.traffic_keys = part.n;
-  c.traffic_bytes = part.n * (sizeof(int64_t) + size_t{opts_.dim} * sizeof(float));
+  c.traffic_bytes = part.n * (sizeof(int64_t) + encoded_row_bytes(enc, opts_.dim));
   return c;
 }
 
@@ -252,10 +289,11 @@ void PsClient::run(Calls& calls, double timeout_s) {
 }
 
 std::shared_ptr<AsyncOp> PsClient::run_async(Calls calls, std::function<void()> on_success,
-                                             RowBuffer output) {
+                                             RowBuffer output,
+                                             std::shared_ptr<const CommittedSeen> seen) {
   auto op = std::make_shared<AsyncOp>(
       std::move(calls), [this](const Call& c) { return describe(c); }, std::move(on_success),
-      std::move(output));
+      std::move(output), std::move(seen));
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (closed_) throw std::runtime_error("client is closed");
@@ -289,9 +327,11 @@ void PsClient::async_loop() {
 
 // ---- pull -----------------------------------------------------------------------------------
 
-PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out) {
+PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out,
+                                       const PullOptions& po) {
   check_count(n);
   const uint32_t dim = opts_.dim;
+  const Encoding enc = po.compression.value_or(opts_.compression);
   // Shared with the calls' decoders (and finish), which may outlive this frame (pull_async).
   auto firsts = std::make_shared<const FirstOccurrences>(keys, n);
   auto split = std::make_shared<const ShardSplit>(
@@ -299,16 +339,19 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   PullRequest head;
   head.set_table(opts_.table);
   head.set_dim(dim);
+  head.set_compression(to_proto(enc));
+  if (po.session) head.set_session(*po.session);
   PartPayload payload;
   payload.keys = keys;
   payload.keys_field = PullRequest::kKeysFieldNumber;
   PullPlan plan;
+  if (po.session) plan.seen = std::make_shared<CommittedSeen>();
   for (const Part& p : split->parts()) {
-    Call& c = add_part_call(plan.calls, p, kPull, TrafficKind::kPull);
+    Call& c = add_part_call(plan.calls, p, kPull, TrafficKind::kPull, enc);
     c.idempotent = true;
-    ShardSplit::serialize(p, head, payload, &c.request);
-    c.on_reply = [split, p, dim, out](Call& call) {
-      return decode_rows(call.response, p, dim, out);
+    (void)ShardSplit::serialize(p, head, payload, &c.request);  // keys only: cannot fail
+    c.on_reply = [split, p, dim, enc, seen = plan.seen, out](Call& call) {
+      return decode_reply(call.response, p, dim, enc, seen.get(), out);
     };
   }
   if (firsts->has_duplicates())
@@ -316,19 +359,29 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   return plan;
 }
 
-void PsClient::pull(const int64_t* keys, size_t n, float* out) {
-  if (n == 0) return;
-  PullPlan plan = plan_pull(keys, n, out);
+void PsClient::pull(const int64_t* keys, size_t n, float* out, const PullOptions& po) {
+  PullPlan plan = plan_pull(keys, n, out, po);
   // On the caller's thread, not the shared completion thread: concurrent callers decode
   // their (large) replies in parallel.
-  run(plan.calls, opts_.timeout_s);
+  if (!plan.calls.empty()) run(plan.calls, opts_.timeout_s);
   if (plan.finish) plan.finish();
+  if (plan.seen) {
+    std::lock_guard<std::mutex> lock(last_pull_mu_);
+    last_pull_committed_ = plan.seen->value();
+  }
 }
 
-std::shared_ptr<AsyncOp> PsClient::pull_async(const int64_t* keys, size_t n) {
+std::optional<int64_t> PsClient::last_pull_committed() const {
+  std::lock_guard<std::mutex> lock(last_pull_mu_);
+  return last_pull_committed_;
+}
+
+std::shared_ptr<AsyncOp> PsClient::pull_async(const int64_t* keys, size_t n,
+                                              const PullOptions& po) {
   RowBuffer rows = alloc_rows(n * opts_.dim);
-  PullPlan plan = plan_pull(keys, n, rows.get());  // the op owns what `out` points to
-  return run_async(std::move(plan.calls), std::move(plan.finish), std::move(rows));
+  PullPlan plan = plan_pull(keys, n, rows.get(), po);  // the op owns what `out` points to
+  return run_async(std::move(plan.calls), std::move(plan.finish), std::move(rows),
+                   std::move(plan.seen));
 }
 
 // ---- push / commit --------------------------------------------------------------------------
@@ -346,12 +399,17 @@ std::shared_ptr<AsyncOp> PsClient::push_async(const Gradients& g) {
   head.set_dim(opts_.dim);
   head.set_lr(g.lr);
   head.set_optimizer(to_proto(g.optimizer));
-  const PartPayload payload{acc.keys().data(), PushRequest::kKeysFieldNumber, acc.sums().data(),
-                            PushRequest::kGradsFieldNumber, opts_.dim};
+  const Encoding enc = opts_.compression;
+  head.set_compression(to_proto(enc));
+  const PartPayload payload{acc.keys().data(), PushRequest::kKeysFieldNumber,
+                            acc.sums().data(), PushRequest::kGradsFieldNumber,
+                            opts_.dim,         enc};
   Calls calls;
-  for (const Part& p : split.parts())
-    ShardSplit::serialize(p, head, payload,
-                          &add_part_call(calls, p, kPush, TrafficKind::kPush).request);
+  for (const Part& p : split.parts()) {
+    Call& c = add_part_call(calls, p, kPush, TrafficKind::kPush, enc);
+    if (auto failed = ShardSplit::serialize(p, head, payload, &c.request))
+      refuse_gradient(*failed, acc.keys()[failed->index], enc, "push");
+  }
   return run_async(std::move(calls));
 }
 
@@ -367,18 +425,25 @@ std::shared_ptr<AsyncOp> PsClient::commit_async(const CommitPoint& at, const Gra
   head.set_rank(at.rank);
   head.set_world_size(at.world_size);
   head.set_max_ahead(at.max_ahead);
+  head.set_base_step(at.base_step);
   head.set_dim(opts_.dim);
   head.set_lr(g.lr);
   head.set_optimizer(to_proto(g.optimizer));
-  const PartPayload payload{g.keys, CommitRequest::kKeysFieldNumber, g.grads,
-                            CommitRequest::kGradsFieldNumber, opts_.dim};
+  const Encoding enc = opts_.compression;
+  head.set_compression(to_proto(enc));
+  const PartPayload payload{g.keys,    CommitRequest::kKeysFieldNumber,
+                            g.grads,   CommitRequest::kGradsFieldNumber,
+                            opts_.dim, enc};
   Calls calls;
   for (const Part& p : split.parts()) {
     head.set_chunk_index(p.index);
     head.set_chunk_count(p.count);
-    Call& c = add_part_call(calls, p, kCommit, TrafficKind::kPush);
+    Call& c = add_part_call(calls, p, kCommit, TrafficKind::kPush, enc);
     c.idempotent = true;  // the shard acknowledges an identical chunk again
-    ShardSplit::serialize(p, head, payload, &c.request);
+    if (auto failed = ShardSplit::serialize(p, head, payload, &c.request))
+      refuse_gradient(
+          *failed, g.keys[failed->index], enc,
+          absl::StrCat("commit of session ", at.session, " step ", at.step, " rank ", at.rank));
   }
   return run_async(std::move(calls));
 }

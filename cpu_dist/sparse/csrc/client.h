@@ -4,6 +4,9 @@
 // channels), keeps all of them in flight at once, and decodes each reply straight into the
 // output rows.  Every update (push, commit) and pull_async runs asynchronously behind an
 // AsyncOp; the blocking push and commit are the asynchronous ones followed by a wait.
+// Rows cross the wire encoded as the call's Encoding says (codec.h): pulls take the client's
+// `compression` unless the call names another, pushes and commits always take the client's;
+// dumps and checkpoints are never compressed.
 // Every call carries the token as call metadata.  Pulls and commit chunks (idempotent: the
 // shard deduplicates chunks) are sent again after UNAVAILABLE, at most kMaxRetries times with
 // exponential back-off, within the call's own deadline; pushes never are.
@@ -16,11 +19,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "codec.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -44,6 +49,16 @@ struct ClientOptions {
   uint32_t channels_per_shard = 2;
   double timeout_s = 60.0;
   int max_message_bytes = 64 << 20;
+  // The job's encoding of pulled rows and of pushed and committed gradients.  The key limit
+  // per RPC stays that of float32 rows, so a float32 pull of the same keys always fits.
+  Encoding compression = Encoding::kNone;
+};
+
+// Per-pull choices: the reply's encoding (nullopt: the client's compression), and a commit
+// session whose committed step each shard reports with its rows.
+struct PullOptions {
+  std::optional<Encoding> compression;
+  std::optional<uint64_t> session;
 };
 
 // Gradient rows of a push or commit: keys[n], grads[n][dim].  Read before the call returns.
@@ -63,6 +78,7 @@ struct CommitPoint {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint32_t max_ahead = 1;
+  int64_t base_step = 0;  // the job step of the session's step 0 (step rules; table_rules.h)
 };
 
 // Retries of idempotent calls: at most kMaxRetries, the first after kFirstBackoff, each
@@ -107,11 +123,18 @@ class PsClient {
   double timeout_s() const { return opts_.timeout_s; }
   TrafficCounts traffic() const { return traffic_.snapshot(); }
 
+  Encoding compression() const { return opts_.compression; }
+
   // Rows of keys[n] into out[n][dim]; blocking.
-  void pull(const int64_t* keys, size_t n, float* out);
+  void pull(const int64_t* keys, size_t n, float* out, const PullOptions& po = {});
   // The same into rows the op owns (AsyncOp::take_output once done): nothing is written
-  // into the caller's memory after this returns.
-  std::shared_ptr<AsyncOp> pull_async(const int64_t* keys, size_t n);
+  // into the caller's memory after this returns.  AsyncOp::committed_seen() gives what the
+  // shards reported for po.session.
+  std::shared_ptr<AsyncOp> pull_async(const int64_t* keys, size_t n, const PullOptions& po = {});
+  // Of the last blocking pull that finished and named a session (on any thread): the
+  // minimum committed step the shards it touched reported; nullopt before one, or when it
+  // touched no shard.  Concurrent pullers use pull_async and committed_seen() instead.
+  std::optional<int64_t> last_pull_committed() const;
   // Direct updates (benchmarks, tests, bulk loading); training uses commit.
   std::shared_ptr<AsyncOp> push_async(const Gradients& g);
   void push(const Gradients& g);
@@ -149,17 +172,21 @@ class PsClient {
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
   };
-  // A pull's calls, and what completes it once every call succeeded (rows of repeated keys).
+  // A pull's calls, what completes it once every call succeeded (rows of repeated keys),
+  // and where its replies report their committed steps (null: no session named).
   struct PullPlan {
     Calls calls;
     std::function<void()> finish;
+    std::shared_ptr<CommittedSeen> seen;
   };
   // Called with the calls of call_every_shard when any failed; must throw.
   using FailureHandler = std::function<void(const Calls&)>;
 
   // ---- call plumbing (client.cc) ----
   Call& add_call(Calls& calls, uint32_t shard, uint32_t channel, const char* method);
-  Call& add_part_call(Calls& calls, const Part& part, const char* method, TrafficKind kind);
+  // A call of one part; its traffic is the part's keys and rows encoded as `enc`.
+  Call& add_part_call(Calls& calls, const Part& part, const char* method, TrafficKind kind,
+                      Encoding enc);
   void start_call(Call& c, grpc::CompletionQueue* cq,
                   std::chrono::system_clock::time_point deadline);
   // Decodes a finished call's reply and counts its traffic: the one place both happen.
@@ -173,12 +200,13 @@ class PsClient {
   void run(Calls& calls, double timeout_s);            // run_calls, then throw_first_failure
   // Starts calls on the shared completion thread; the op tracks them.
   std::shared_ptr<AsyncOp> run_async(Calls calls, std::function<void()> on_success = {},
-                                     RowBuffer output = {});
+                                     RowBuffer output = {},
+                                     std::shared_ptr<const CommittedSeen> seen = {});
   void async_loop();
   std::string describe(const Call& c) const;
   SplitLimits limits() const;
   uint32_t next_channel_base() { return rr_.fetch_add(1, std::memory_order_relaxed); }
-  PullPlan plan_pull(const int64_t* keys, size_t n, float* out);
+  PullPlan plan_pull(const int64_t* keys, size_t n, float* out, const PullOptions& po);
 
   // ---- administration (client_admin.cc) ----
   // One typed call per shard, make_request(s) being shard s's request; the replies in shard
@@ -200,6 +228,8 @@ class PsClient {
   std::vector<Shard> shards_;
   std::atomic<uint32_t> rr_{0};
   Traffic traffic_;
+  mutable std::mutex last_pull_mu_;
+  std::optional<int64_t> last_pull_committed_;  // under last_pull_mu_
 
   grpc::CompletionQueue async_cq_;
   std::thread async_thread_;

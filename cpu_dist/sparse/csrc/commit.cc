@@ -30,8 +30,9 @@ Status ended_reply(const Status& ended, int64_t step, int64_t final_step, int64_
 
 }  // namespace
 
-Status CommitSessions::find_or_create(uint64_t session, uint32_t world_size,
-                                      std::shared_ptr<Session>* out, Ended* ended) {
+Status CommitSessions::find_or_create(const CommitChunk& c, std::shared_ptr<Session>* out,
+                                      Ended* ended) {
+  const uint64_t session = c.session;
   for (;;) {
     std::shared_ptr<Session> victim;
     uint64_t victim_id = 0;
@@ -51,8 +52,9 @@ Status CommitSessions::find_or_create(uint64_t session, uint32_t world_size,
       }
       if (sessions_.size() < limits_.max_sessions) {
         auto s = std::make_shared<Session>();
-        s->world_size = world_size;
-        s->closed.assign(world_size, false);
+        s->world_size = c.world_size;
+        s->base_step = c.base_step;
+        s->closed.assign(c.world_size, false);
         touch(*s);
         sessions_.emplace(session, s);
         *out = std::move(s);
@@ -85,7 +87,10 @@ Status CommitSessions::validate(const CommitChunk& c) {
   if (c.chunk_index >= c.chunk_count)
     return invalid(absl::StrCat("chunk_index ", c.chunk_index, " out of range for chunk_count ",
                                 c.chunk_count));
-  if (c.step < 0) return invalid(absl::StrCat("step must be >= 0, got ", c.step));
+  if (c.step < 0 || c.step > kMaxStep)
+    return invalid(absl::StrCat("step must be in 0..2^62, got ", c.step));
+  if (c.base_step < 0 || c.base_step > kMaxStep)
+    return invalid(absl::StrCat("base_step must be in 0..2^62, got ", c.base_step));
   if (c.max_ahead > kMaxAhead)
     return invalid(absl::StrCat("max_ahead ", c.max_ahead, " exceeds ", kMaxAhead));
   return Status::OK;
@@ -98,7 +103,7 @@ Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_
   const int64_t step = c.step;
   std::shared_ptr<Session> sp;
   Ended ended;
-  PS_RETURN_IF_ERROR(find_or_create(session, c.world_size, &sp, &ended));
+  PS_RETURN_IF_ERROR(find_or_create(c, &sp, &ended));
   if (sp == nullptr)
     return ended_reply(ended_status(session, ended), step, ended.committed, committed);
   Session& s = *sp;
@@ -168,6 +173,9 @@ Status CommitSessions::check_step(const Session& s, const CommitChunk& c) {
   if (c.world_size != s.world_size)
     return invalid(absl::StrCat("world_size ", c.world_size, " does not match session ", c.session,
                                 " world_size ", s.world_size));
+  if (c.base_step != s.base_step)
+    return invalid(absl::StrCat("base_step ", c.base_step, " does not match session ", c.session,
+                                " base_step ", s.base_step, " (it is constant per session)"));
   const int64_t cur = s.committed.load();
   const int64_t ahead = c.max_ahead == 0 ? 1 : c.max_ahead;
   if (c.step > cur + ahead)
@@ -226,13 +234,16 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
     StatusCode code;
     std::string why;
     try {
-      *rows_applied += apply_step(s, it->second);
+      *rows_applied += apply_step(s, step, it->second);
       s.bytes -= it->second.bytes;
       s.steps.erase(it);
       s.committed.store(step);
       continue;
     } catch (const TableFull& e) {
       code = StatusCode::RESOURCE_EXHAUSTED;
+      why = e.what();
+    } catch (const TierError& e) {
+      code = e.no_space() ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::INTERNAL;
       why = e.what();
     } catch (const std::exception& e) {
       code = StatusCode::INTERNAL;
@@ -247,13 +258,15 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
   return Status::OK;
 }
 
-size_t CommitSessions::apply_step(Session& s, StepChunks& step) {
+size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks) {
   RowAccumulator acc(table_.dim());
-  for (auto& [rank, r] : step.ranks)  // rank order, then chunk order
+  for (auto& [rank, r] : chunks.ranks)  // rank order, then chunk order
     for (auto& [index, ch] : r.chunks)
       acc.add(ch.keys.data(), ch.grads.data(), ch.keys.size() / sizeof(int64_t));
   acc.divide(static_cast<float>(s.world_size));
-  table_.apply(acc.keys().data(), acc.sums().data(), acc.size(), step.lr, step.optimizer);
+  // The step rules count on job steps: the session's step 0 is job step base_step.
+  table_.commit_step(acc.keys().data(), acc.sums().data(), acc.size(), chunks.lr, chunks.optimizer,
+                     s.base_step + step);
   return acc.size();
 }
 

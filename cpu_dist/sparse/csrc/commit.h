@@ -38,6 +38,7 @@ struct CommitChunk {
   uint32_t chunk_index = 0;
   uint32_t chunk_count = 0;
   uint32_t max_ahead = 1;  // accepted steps: committed + 1 .. committed + max_ahead
+  int64_t base_step = 0;   // the job step of the session's step 0 (table_rules.h)
   float lr = 0.0f;
   OptimizerKind optimizer = OptimizerKind::kSgd;
   std::string keys;   // int64[n], raw
@@ -60,6 +61,7 @@ class CommitSessions {
   static constexpr uint32_t kMaxWorldSize = 1u << 16;
   static constexpr uint32_t kMaxChunkCount = 1u << 20;
   static constexpr uint32_t kMaxAhead = 64;
+  static constexpr int64_t kMaxStep = int64_t{1} << 62;  // step and base_step, so no sum wraps
 
   CommitSessions(ShardTable& table, SessionLimits limits) : table_(table), limits_(limits) {}
 
@@ -111,6 +113,7 @@ class CommitSessions {
   struct Session {
     std::mutex mu;
     uint32_t world_size = 0;
+    int64_t base_step = 0;  // fixed by the session's first chunk
     std::atomic<int64_t> committed{-1};
     std::atomic<int64_t> last_active{0};  // Clock ticks of the last chunk, wait or close
     std::map<int64_t, StepChunks> steps;  // committed + 1 (pending) and later (held)
@@ -153,11 +156,11 @@ class CommitSessions {
   // Caller holds s.mu.  Applies the pending step and every held step complete after it, in
   // order; on a failure the session fails and that status is returned.
   grpc::Status apply_ready(Session& s, uint64_t session, size_t* rows_applied);
-  size_t apply_step(Session& s, StepChunks& step);  // throws; the table is unchanged then
+  // Throws; the table is unchanged then (but for expiry drops: ShardTable::commit_step).
+  size_t apply_step(Session& s, int64_t step, StepChunks& chunks);
   // *out is null (and *ended its end) when the session ended.  Evicts the least recently
   // active session when the cap is reached.
-  grpc::Status find_or_create(uint64_t session, uint32_t world_size, std::shared_ptr<Session>* out,
-                              Ended* ended);
+  grpc::Status find_or_create(const CommitChunk& c, std::shared_ptr<Session>* out, Ended* ended);
 
   // ---- lifecycle (sessions.cc) ----
   // Committed step, and non-OK when the session ended or failed.

@@ -1,6 +1,8 @@
 #include "paging.h"
 
 #include <algorithm>
+#include <iterator>
+#include <memory>
 #include <queue>
 
 #include "hashing.h"
@@ -46,7 +48,23 @@ std::vector<Place> smallest_after(const ShardTable& table, const PageCursor& fro
     out[i - 1] = heap.top();
     heap.pop();
   }
-  return out;
+  // The SSD tier after DRAM (a row moving meanwhile is then seen at least once: table.h): its
+  // key order is the page order, so its first `limit` rows after the cursor are a range scan.
+  std::unique_ptr<TierStore::Cursor> cur = table.ssd_cursor(kNumPartitions, false);
+  if (!cur) return out;
+  std::vector<Place> ssd;
+  cur->seek(from.partition, from.after_key_set, from.after_key);
+  for (; ssd.size() < limit && cur->valid(); cur->next())
+    ssd.push_back(Place{cur->partition(), cur->key()});
+  if (ssd.size() == limit && cur->valid()) *more = true;
+  std::vector<Place> merged;
+  merged.reserve(out.size() + ssd.size());
+  std::set_union(out.begin(), out.end(), ssd.begin(), ssd.end(), std::back_inserter(merged));
+  if (merged.size() > limit) {
+    merged.resize(limit);
+    *more = true;
+  }
+  return merged;
 }
 
 }  // namespace

@@ -61,13 +61,15 @@ TrafficCounts Traffic::snapshot() const {
 // ---- AsyncOp ----------------------------------------------------------------------------
 
 AsyncOp::AsyncOp(Calls calls, std::function<std::string(const Call&)> describe,
-                 std::function<void()> on_success, RowBuffer output)
+                 std::function<void()> on_success, RowBuffer output,
+                 std::shared_ptr<const CommittedSeen> seen)
     : calls_(std::move(calls)),
       remaining_(calls_.size()),
       done_(calls_.empty()),
       describe_(std::move(describe)),
       on_success_(std::move(on_success)),
-      output_(std::move(output)) {
+      output_(std::move(output)),
+      seen_(std::move(seen)) {
   for (auto& c : calls_) c->op = this;
   if (done_ && on_success_) on_success_();
 }
@@ -122,6 +124,12 @@ RowBuffer AsyncOp::take_output() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_ || !error_.empty()) return nullptr;
   return std::move(output_);
+}
+
+std::optional<int64_t> AsyncOp::committed_seen() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_ || !error_.empty() || seen_ == nullptr) return std::nullopt;
+  return seen_->value();
 }
 
 }  // namespace cpu_dist::ps

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,6 +50,8 @@ RowBuffer alloc_rows(size_t floats);  // throws std::bad_alloc
 enum class TrafficKind : uint8_t { kNone, kPull, kPush };
 
 struct TrafficCounts {
+  // Payload bytes as encoded on the wire (codec.h): a compressed pull or update counts its
+  // encoded rows, not the float32 rows they stand for.
   uint64_t bytes_pulled = 0;  // key bytes sent in Pull requests + row bytes in Pull replies
   uint64_t bytes_pushed = 0;  // key + gradient bytes sent in Push and Commit requests
   uint64_t keys_pulled = 0;
@@ -66,6 +70,26 @@ class Traffic {
  private:
   std::atomic<uint64_t> bytes_pulled_{0}, bytes_pushed_{0}, keys_pulled_{0}, keys_pushed_{0},
       retries_{0};
+};
+
+// The smallest committed step that the replies of one pull reported (a pull that names a
+// commit session): replies decode on several threads, so it is an atomic minimum.
+class CommittedSeen {
+ public:
+  void note(int64_t step) {
+    int64_t cur = min_.load(std::memory_order_relaxed);
+    while (step < cur && !min_.compare_exchange_weak(cur, step, std::memory_order_relaxed)) {
+    }
+  }
+  // nullopt when no reply reported one (no call was made).
+  std::optional<int64_t> value() const {
+    const int64_t v = min_.load(std::memory_order_relaxed);
+    return v == kNone ? std::nullopt : std::optional<int64_t>(v);
+  }
+
+ private:
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  std::atomic<int64_t> min_{kNone};
 };
 
 class AsyncOp;
@@ -102,9 +126,10 @@ class AsyncOp {
  public:
   // `on_success` runs on the completion thread after the last call, only if every call
   // succeeded, before waiters see the op done.  `output` is what a pull_async op decodes
-  // its replies into.
+  // its replies into, `seen` what its replies report committed steps to.
   AsyncOp(Calls calls, std::function<std::string(const Call&)> describe,
-          std::function<void()> on_success = {}, RowBuffer output = {});
+          std::function<void()> on_success = {}, RowBuffer output = {},
+          std::shared_ptr<const CommittedSeen> seen = {});
   // True when done within timeout_s (< 0: forever).
   bool wait(double timeout_s);
   bool done();
@@ -114,6 +139,9 @@ class AsyncOp {
   void raise_if_failed();
   // The rows of a successful pull_async (once; null afterwards, or for other ops).
   RowBuffer take_output();
+  // Of a successful pull_async that named a session, once done: the minimum committed step
+  // over the shards it touched; nullopt otherwise.
+  std::optional<int64_t> committed_seen();
   Calls& calls() { return calls_; }
   // Called by the completion thread once per call, after the call was settled; true when
   // this was the last call (the op is done).
@@ -129,6 +157,7 @@ class AsyncOp {
   std::function<std::string(const Call&)> describe_;
   std::function<void()> on_success_;
   RowBuffer output_;
+  std::shared_ptr<const CommittedSeen> seen_;
 };
 
 }  // namespace cpu_dist::ps

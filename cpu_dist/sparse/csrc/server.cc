@@ -35,6 +35,12 @@ void check_options(const ServerOptions& o) {
                                         o.session_idle_timeout_s));
   if (o.max_sessions == 0) throw invalid_argument("max_sessions must be >= 1");
   if (o.max_concurrent_streams == 0) throw invalid_argument("max_concurrent_streams must be >= 1");
+  if (!o.ssd_dir.empty() && o.memory_rows == 0)
+    throw invalid_argument(absl::StrCat("ssd_dir '", o.ssd_dir,
+                                        "' needs memory_rows >= 1 (--ps-memory-rows): the SSD "
+                                        "tier holds the rows beyond the DRAM budget"));
+  if (!o.ssd_dir.empty() && o.ssd_dir.front() != '/')
+    throw invalid_argument(absl::StrCat("ssd_dir must be an absolute path, got '", o.ssd_dir, "'"));
   const uint64_t min_memory = 4 * static_cast<uint64_t>(o.max_message_bytes);
   if (o.max_memory_bytes < min_memory)
     throw invalid_argument(absl::StrCat("max_memory_bytes ", o.max_memory_bytes,

@@ -3,11 +3,13 @@
 // service_checkpoint.cc.
 #include "service.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -79,7 +81,9 @@ std::optional<Method> method_of(const std::string& path) {
 PsService::PsService(const ServerOptions& opts, std::function<void()> on_shutdown)
     : opts_(opts),
       on_shutdown_(std::move(on_shutdown)),
-      table_(opts.dim, opts.seed, opts.init_scale, opts.stripes, opts.max_blocks_per_stripe),
+      table_(opts.dim, opts.seed, opts.init_scale, opts.stripes, opts.max_blocks_per_stripe,
+             TierOptions{opts.memory_rows, opts.ssd_dir, absl::StrCat("shard-", opts.shard_index)},
+             RuleOptions{opts.admit_after, opts.expire_after}),
       sessions_(table_, SessionLimits{opts.max_sessions, opts.max_held_bytes}) {}
 
 // ---- validation ---------------------------------------------------------------------
@@ -112,16 +116,43 @@ Status PsService::check_dim(uint32_t dim) const {
   return Status::OK;
 }
 
-Status PsService::check_rows(const std::string& keys, const std::string* grads, size_t* n) const {
+Status PsService::check_rows(const std::string& keys, const std::string* grads, size_t* n,
+                             Encoding enc) const {
   if (keys.size() % sizeof(int64_t) != 0)
     return invalid(absl::StrCat("keys has ", keys.size(), " bytes, not a multiple of 8"));
   *n = keys.size() / sizeof(int64_t);
   if (grads != nullptr) {
-    const uint64_t want = static_cast<uint64_t>(*n) * opts_.dim * sizeof(float);
+    const uint64_t row_bytes = encoded_row_bytes(enc, opts_.dim);
+    const uint64_t want = static_cast<uint64_t>(*n) * row_bytes;
     if (grads->size() != want)
       return invalid(absl::StrCat("grads has ", grads->size(), " bytes, expected ", want, " (", *n,
-                                  " keys x dim ", opts_.dim, " x 4)"));
+                                  " keys x ", row_bytes_text(enc, opts_.dim), ")"));
   }
+  return Status::OK;
+}
+
+Status PsService::check_encoding(int compression, Encoding* enc) const {
+  const std::optional<Encoding> e = encoding_from_wire(compression);
+  if (!e) return invalid(absl::StrCat("unknown compression ", compression));
+  *enc = *e;
+  return Status::OK;
+}
+
+Status PsService::decode_grads(Encoding enc, const std::string& keys, std::string* grads,
+                               const std::string& where) const {
+  if (enc == Encoding::kNone) return Status::OK;
+  const size_t n = keys.size() / sizeof(int64_t);
+  std::string rows(n * opts_.dim * sizeof(float), '\0');
+  size_t bad = 0;
+  CodecError err;
+  if (!decode_rows(enc, grads->data(), n, opts_.dim, rows.data(), &bad, &err)) {
+    int64_t key;
+    std::memcpy(&key, keys.data() + bad * sizeof(int64_t), sizeof(key));
+    return invalid(absl::StrCat("grads of key ", key, " in ", where, " are no valid ",
+                                encoding_name(enc), " row: ", describe(enc, err),
+                                "; nothing of it is applied"));
+  }
+  grads->swap(rows);
   return Status::OK;
 }
 
@@ -170,6 +201,21 @@ Status PsService::call(const BB& req, BB* resp, Status (PsService::*body)(Req&, 
 }
 
 Status PsService::run(Method m, const BB& req, BB* resp) {
+  // What a method throws past its own checks (the SSD tier failing, memory) answers the call.
+  try {
+    return dispatch(m, req, resp);
+  } catch (const TierError& e) {
+    return Status(e.no_space() ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::INTERNAL, e.what());
+  } catch (const TableFull& e) {
+    return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::INTERNAL, e.what());
+  }
+}
+
+Status PsService::dispatch(Method m, const BB& req, BB* resp) {
   switch (m) {
     case Method::kPull: return call(req, resp, &PsService::do_pull);
     case Method::kPush: return call(req, resp, &PsService::do_push);
@@ -209,31 +255,68 @@ Status PsService::start_wait(const BB& req, Clock::time_point deadline,
 Status PsService::do_pull(PullRequest& r, BB* resp) {
   size_t n = 0;
   PS_RETURN_IF_ERROR(check_rows(r.keys(), nullptr, &n));
+  Encoding enc;
+  PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
   counters_.pull_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.pull_keys.fetch_add(n, std::memory_order_relaxed);
+  // Read before the rows are gathered: they hold at least every step up to it.
+  std::optional<int64_t> committed;
+  if (r.has_session()) committed = sessions_.committed(r.session());
+  return write_rows(reinterpret_cast<const int64_t*>(r.keys().data()), n, enc, committed, resp);
+}
+
+Status PsService::write_rows(const int64_t* keys, size_t n, Encoding enc,
+                             const std::optional<int64_t>& committed, BB* resp) const {
   if (n == 0) {
-    wire::alloc_buffer(0, resp);
+    PullResponse out;
+    if (committed) out.set_committed_step(*committed);
+    wire::serialize(out, resp);
     return Status::OK;
   }
   // PullResponse by hand: the values field's header, then the rows gathered straight into
-  // the buffer.  Refused before allocating when gRPC would refuse to send it anyway.
+  // the buffer (encoded through a cache-sized block when compressed), then committed_step.
+  // Refused before allocating when gRPC would refuse to send it anyway.
   constexpr int kValues = PullResponse::kValuesFieldNumber;
-  const size_t payload = n * opts_.dim * sizeof(float);
-  const size_t reply_bytes = wire::bytes_field_size(kValues, payload);
+  constexpr int kCommitted = PullResponse::kCommittedStepFieldNumber;
+  const size_t row_bytes = encoded_row_bytes(enc, opts_.dim);
+  const size_t payload = n * row_bytes;
+  const size_t reply_bytes = wire::bytes_field_size(kValues, payload) +
+                             (committed ? wire::int64_field_size(kCommitted, *committed) : 0);
   if (reply_bytes > static_cast<size_t>(opts_.max_message_bytes))
-    return Status(
-        StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("Pull reply of ", reply_bytes, " bytes (", n, " keys x dim ", opts_.dim,
-                     " x 4) exceeds max_message_bytes ", opts_.max_message_bytes));
+    return Status(StatusCode::RESOURCE_EXHAUSTED,
+                  absl::StrCat("Pull reply of ", reply_bytes, " bytes (", n, " keys x ",
+                               row_bytes_text(enc, opts_.dim), ") exceeds max_message_bytes ",
+                               opts_.max_message_bytes));
   uint8_t* p = wire::alloc_buffer(reply_bytes, resp);
   p = wire::put_bytes_header(kValues, payload, p);
-  table_.gather(reinterpret_cast<const int64_t*>(r.keys().data()), n, p);
+  if (enc == Encoding::kNone) {
+    table_.gather(keys, n, p);
+  } else {
+    constexpr size_t kBlockFloats = 16384;  // 64 KiB of float32 rows at a time
+    const size_t block = std::max<size_t>(1, kBlockFloats / opts_.dim);
+    std::vector<float> rows(std::min(n, block) * opts_.dim);
+    for (size_t b = 0; b < n; b += block) {
+      const size_t m = std::min(block, n - b);
+      table_.gather(keys + b, m, rows.data());
+      size_t bad = 0;
+      CodecError err;
+      if (!encode_rows(enc, rows.data(), m, opts_.dim, p + b * row_bytes, &bad, &err))
+        return Status(StatusCode::OUT_OF_RANGE,
+                      absl::StrCat("the row of key ", keys[b + bad], " cannot be pulled as ",
+                                   encoding_name(enc), ": ", describe(enc, err),
+                                   "; pull it with compression none"));
+    }
+  }
+  if (committed) wire::put_int64_field(kCommitted, *committed, p + payload);
   return Status::OK;
 }
 
 Status PsService::do_push(PushRequest& r, BB* resp) {
   size_t n = 0;
-  PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n));
+  Encoding enc;
+  PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
+  PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n, enc));
+  PS_RETURN_IF_ERROR(decode_grads(enc, r.keys(), r.mutable_grads(), "push"));
   OptimizerKind kind;
   PS_RETURN_IF_ERROR(check_update(r.lr(), r.optimizer(), &kind));
   PS_RETURN_IF_ERROR(check_finite(r.keys(), r.grads(), "push"));
@@ -257,7 +340,13 @@ Status PsService::do_push(PushRequest& r, BB* resp) {
 
 Status PsService::do_commit(CommitRequest& r, BB* resp) {
   size_t n = 0;
-  PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n));
+  Encoding enc;
+  PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
+  PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n, enc));
+  // Decoded on arrival: the session holds, compares (retries) and sums float32 rows.
+  PS_RETURN_IF_ERROR(
+      decode_grads(enc, r.keys(), r.mutable_grads(),
+                   absl::StrCat("session ", r.session(), " step ", r.step(), " rank ", r.rank())));
   CommitChunk c;
   PS_RETURN_IF_ERROR(check_update(r.lr(), r.optimizer(), &c.optimizer));
   PS_RETURN_IF_ERROR(
@@ -270,6 +359,7 @@ Status PsService::do_commit(CommitRequest& r, BB* resp) {
   c.chunk_index = r.chunk_index();
   c.chunk_count = r.chunk_count();
   c.max_ahead = r.max_ahead();
+  c.base_step = r.base_step();
   c.lr = r.lr();
   c.keys.swap(*r.mutable_keys());
   c.grads.swap(*r.mutable_grads());

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "checkpoint.h"
+#include "codec.h"
 #include "commit.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
@@ -48,6 +49,12 @@ struct ServerOptions {
   // connection may have open at once.
   uint64_t max_memory_bytes = 4ull << 30;
   uint32_t max_concurrent_streams = 256;
+  // Tiers (table.h): DRAM rows (0: unbounded) and the SSD tier's parent directory (empty:
+  // none); the step rules (table_rules.h): admit_after N (0, 1: off), expire_after S (0: off).
+  uint64_t memory_rows = 0;
+  std::string ssd_dir;
+  uint32_t admit_after = 0;
+  uint32_t expire_after = 0;
 };
 
 struct Counters {
@@ -99,6 +106,7 @@ class PsService {
   void count(const BB* req, const BB* resp, const grpc::Status& status);
 
  private:
+  grpc::Status dispatch(Method m, const BB& req, BB* resp);  // run() without its catch
   // The bodies, each run after the shared preamble (parse, table, dim).
   grpc::Status do_pull(PullRequest& r, BB* resp);
   grpc::Status do_push(PushRequest& r, BB* resp);
@@ -124,7 +132,18 @@ class PsService {
 
   grpc::Status check_table(const std::string& table) const;
   grpc::Status check_dim(uint32_t dim) const;
-  grpc::Status check_rows(const std::string& keys, const std::string* grads, size_t* n) const;
+  // Keys a multiple of 8 bytes; grads (when given) one row per key encoded as `enc`.
+  grpc::Status check_rows(const std::string& keys, const std::string* grads, size_t* n,
+                          Encoding enc = Encoding::kNone) const;
+  grpc::Status check_encoding(int compression, Encoding* enc) const;
+  // Replaces encoded gradients by their float32 rows (codec.h), before anything else looks
+  // at them; INVALID_ARGUMENT naming `where` and the key when a row is no valid encoding.
+  grpc::Status decode_grads(Encoding enc, const std::string& keys, std::string* grads,
+                            const std::string& where) const;
+  // A pull's reply: the rows of keys[n] encoded as `enc`, then, with `committed`, the
+  // committed_step field.
+  grpc::Status write_rows(const int64_t* keys, size_t n, Encoding enc,
+                          const std::optional<int64_t>& committed, BB* resp) const;
   grpc::Status check_update(float lr, int optimizer, OptimizerKind* kind) const;
   // Every gradient value finite; otherwise INVALID_ARGUMENT naming `where` and the key.
   grpc::Status check_finite(const std::string& keys, const std::string& grads,

@@ -70,6 +70,14 @@ StatsResponse PsService::stats() const {
   s.set_num_shards(opts_.num_shards);
   s.set_sessions(static_cast<uint32_t>(sessions_.live_sessions()));
   s.set_waiters(static_cast<uint32_t>(sessions_.waiters()));
+  const TierStats t = table_.tier_stats();
+  s.set_rows_dram(t.rows_dram);
+  s.set_rows_ssd(t.rows_ssd);
+  s.set_ssd_bytes(t.ssd_bytes);
+  s.set_rows_admitted(t.rows_admitted);
+  s.set_rows_expired(t.rows_expired);
+  s.set_pending_counts(t.pending_counts);
+  s.set_rows_read_ssd(t.rows_read_ssd);
   return s;
 }
 
@@ -88,6 +96,8 @@ Status PsService::do_health(HealthRequest&, BB* resp) {
   out.set_seed(opts_.seed);
   out.set_init_scale(opts_.init_scale);
   out.set_rows(table_.rows());
+  out.set_admit_after(opts_.admit_after);
+  out.set_expire_after(opts_.expire_after);
   wire::serialize(out, resp);
   return Status::OK;
 }
@@ -119,7 +129,7 @@ Status PsService::do_dump(DumpRequest& r, BB* resp) {
       resp);
   if (n == 0) return Status::OK;
   std::memcpy(where[0], page.keys.data(), n * sizeof(int64_t));
-  table_.gather(page.keys.data(), n, where[1], where[2]);
+  table_.read(page.keys.data(), n, where[1], where[2], nullptr);  // moves no row between tiers
   return Status::OK;
 }
 

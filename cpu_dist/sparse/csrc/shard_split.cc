@@ -48,9 +48,12 @@ ShardSplit::ShardSplit(const int64_t* keys, size_t n, const std::vector<uint32_t
   }
 }
 
-void ShardSplit::serialize(const Part& part, const google::protobuf::MessageLite& head,
-                           const PartPayload& pl, grpc::ByteBuffer* out) {
-  const size_t row_bytes = pl.rows != nullptr ? size_t{pl.dim} * sizeof(float) : 0;
+std::optional<EncodeFailure> ShardSplit::serialize(const Part& part,
+                                                   const google::protobuf::MessageLite& head,
+                                                   const PartPayload& pl, grpc::ByteBuffer* out) {
+  const bool has_rows = pl.rows != nullptr;
+  const size_t row_bytes = has_rows ? encoded_row_bytes(pl.encoding, pl.dim) : 0;
+  const size_t floats_bytes = size_t{pl.dim} * sizeof(float);
   const auto where =
       wire::serialize_reserving<2>(head,
                                    {wire::Reserve{pl.keys_field, part.n * sizeof(int64_t)},
@@ -59,8 +62,20 @@ void ShardSplit::serialize(const Part& part, const google::protobuf::MessageLite
   for (size_t j = 0; j < part.n; ++j) {
     const size_t i = part.idx[j];
     std::memcpy(where[0] + j * sizeof(int64_t), &pl.keys[i], sizeof(int64_t));
-    if (row_bytes > 0) std::memcpy(where[1] + j * row_bytes, pl.rows + i * pl.dim, row_bytes);
+    if (!has_rows) continue;
+    const float* row = pl.rows + i * pl.dim;
+    uint8_t* dst = where[1] + j * row_bytes;
+    if (pl.encoding == Encoding::kNone) {
+      std::memcpy(dst, row, floats_bytes);
+      continue;
+    }
+    EncodeFailure f;
+    if (!encode_row(pl.encoding, row, pl.dim, dst, &f.error)) {
+      f.index = i;
+      return f;
+    }
   }
+  return std::nullopt;
 }
 
 }  // namespace cpu_dist::ps

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "codec.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
 
@@ -41,13 +43,20 @@ struct Part {
 };
 
 // What a part's request carries: keys as bytes field `keys_field`, and with `rows` one row
-// of `dim` floats per key as bytes field `rows_field`.
+// of `dim` floats per key as bytes field `rows_field`, encoded as `encoding` says (codec.h).
 struct PartPayload {
   const int64_t* keys = nullptr;
   int keys_field = 0;
   const float* rows = nullptr;
   int rows_field = 0;
   uint32_t dim = 0;
+  Encoding encoding = Encoding::kNone;
+};
+
+// A row that its encoding cannot carry: `index` into the caller's arrays.
+struct EncodeFailure {
+  size_t index = 0;
+  CodecError error;
 };
 
 class ShardSplit {
@@ -62,9 +71,12 @@ class ShardSplit {
 
   const std::vector<Part>& parts() const { return parts_; }
 
-  // `head` (the scalar fields) plus the part's keys and rows, into `out`.
-  static void serialize(const Part& part, const google::protobuf::MessageLite& head,
-                        const PartPayload& payload, grpc::ByteBuffer* out);
+  // `head` (the scalar fields) plus the part's keys and encoded rows, into `out`.  A row
+  // the encoding cannot carry stops it (`out` is then not a request to send).  kNone rows
+  // are copied unchecked: the caller has checked them (they are finite).
+  static std::optional<EncodeFailure> serialize(const Part& part,
+                                                const google::protobuf::MessageLite& head,
+                                                const PartPayload& payload, grpc::ByteBuffer* out);
 
  private:
   std::vector<std::vector<uint32_t>> by_shard_;

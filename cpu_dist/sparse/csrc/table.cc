@@ -1,9 +1,14 @@
+// ShardTable: slots, reads, the public update entry points and counters.  The tier moves and
+// the update itself are in table_tiers.cc, checkpoint staging in table_load.cc.
 #include "table.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <new>
 #include <numeric>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "hashing.h"
@@ -13,28 +18,79 @@ namespace cpu_dist::ps {
 namespace {
 // Different from kPartitionSalt, and the stripe uses high bits while partitions use low ones.
 constexpr uint64_t kStripeSalt = 0x2545F4914F6CDD1DULL;
+constexpr uint64_t kSeenSalt = 0x9FB21C651E98DF25ULL;  // the doorkeeper's own hash
 }  // namespace
 
+std::string ShardTable::store_dir() const {
+  // A name nobody else picks: the shard's prefix, the process, 64 random bits.
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) | rd();
+  return absl::StrCat(tiers_.ssd_dir, "/", tiers_.ssd_name, "-", ::getpid(), "-",
+                      absl::Hex(r, absl::kZeroPad16));
+}
+
 ShardTable::ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes,
-                       uint32_t max_blocks_per_stripe)
+                       uint32_t max_blocks_per_stripe, TierOptions tiers, RuleOptions rules)
     : dim_(dim),
       seed_(seed),
       init_scale_(init_scale),
       max_blocks_(std::clamp<uint32_t>(max_blocks_per_stripe, 1u, 65536u)),
-      stripes_(std::max(1u, num_stripes)) {}
+      slot_bytes_((size_t{dim} + 1) * sizeof(float) + 2 * sizeof(int64_t) + 1),
+      tiers_(std::move(tiers)),
+      stripes_(std::max(1u, num_stripes)),
+      rules_(rules),
+      serial_(tiers_.memory_rows > 0 || !tiers_.ssd_dir.empty() || rules_.active()) {
+  if (!tiers_.ssd_dir.empty()) {
+    store_ = std::make_unique<TierStore>(store_dir(), dim_);
+    if (tiers_.memory_rows > 0) {  // each stripe's share of the budget, at least one row
+      const uint64_t S = stripes_.size();
+      for (uint64_t s = 0; s < S; ++s) {
+        Stripe& st = stripes_[s];
+        st.cap = std::max<uint64_t>(1, tiers_.memory_rows / S + (s < tiers_.memory_rows % S));
+        size_t bits = 64;
+        while (bits < 4 * st.cap) bits <<= 1;
+        st.seen.assign(bits / 64, 0);
+      }
+    }
+  }
+}
+
+ShardTable::~ShardTable() = default;
 
 uint32_t ShardTable::stripe_of(int64_t key) const {
   return static_cast<uint32_t>((mix64(static_cast<uint64_t>(key) ^ kStripeSalt) >> 32) %
                                stripes_.size());
 }
 
-float* ShardTable::row_ptr(const Stripe& s, uint32_t slot) const {
-  return s.blocks[slot >> 16].get() + static_cast<size_t>(slot & 0xFFFFu) * dim_;
+// A block of R slots: float rows[R][dim], float state[R], int64 keys[R], int64 steps[R],
+// uint8 flags[R] (R is even, so the int64 arrays are aligned).
+float* ShardTable::row_ptr(const Slots& s, uint32_t slot) const {
+  return reinterpret_cast<float*>(s.blocks[slot >> 16].get()) +
+         static_cast<size_t>(slot & 0xFFFFu) * dim_;
 }
 
-float* ShardTable::state_ptr(const Stripe& s, uint32_t slot) const {
+float* ShardTable::state_ptr(const Slots& s, uint32_t slot) const {
   const size_t b = slot >> 16;
-  return s.blocks[b].get() + static_cast<size_t>(block_rows(b)) * dim_ + (slot & 0xFFFFu);
+  return reinterpret_cast<float*>(s.blocks[b].get()) + size_t{block_rows(b)} * dim_ +
+         (slot & 0xFFFFu);
+}
+
+int64_t* ShardTable::key_ptr(const Slots& s, uint32_t slot) const {
+  const size_t b = slot >> 16, r = block_rows(b);
+  return reinterpret_cast<int64_t*>(s.blocks[b].get() + r * (dim_ + 1) * sizeof(float)) +
+         (slot & 0xFFFFu);
+}
+
+int64_t* ShardTable::step_ptr(const Slots& s, uint32_t slot) const {
+  const size_t b = slot >> 16, r = block_rows(b);
+  return reinterpret_cast<int64_t*>(s.blocks[b].get() + r * (dim_ + 1) * sizeof(float)) + r +
+         (slot & 0xFFFFu);
+}
+
+uint8_t* ShardTable::flags_ptr(const Slots& s, uint32_t slot) const {
+  const size_t b = slot >> 16, r = block_rows(b);
+  return reinterpret_cast<uint8_t*>(s.blocks[b].get()) +
+         r * ((dim_ + 1) * sizeof(float) + 2 * sizeof(int64_t)) + (slot & 0xFFFFu);
 }
 
 void ShardTable::init_row(int64_t key, float* out) const {
@@ -47,28 +103,51 @@ void ShardTable::init_row(int64_t key, float* out) const {
   }
 }
 
-uint32_t ShardTable::insert_row(Stripe& s, int64_t key) {
-  const uint32_t slot = free_slot(s);
-  s.index.emplace(key, slot);  // may throw: then the slot stays free
-  ++s.used_in_last;
-  init_row(key, row_ptr(s, slot));
-  *state_ptr(s, slot) = 0.0f;
-  return slot;
-}
-
-uint32_t ShardTable::free_slot(Stripe& s) const {
+uint32_t ShardTable::new_slot(Slots& s) const {
   if (s.blocks.empty() || s.used_in_last == block_rows(s.blocks.size() - 1)) {
     if (s.blocks.size() >= max_blocks_)  // the slot's block index would wrap
       throw TableFull(absl::StrCat("table stripe full: ", s.index.size(), " rows in ",
                                    s.blocks.size(), " blocks (the most a stripe holds)"));
+    size_t total = 0;
+    for (size_t b = 0; b <= s.blocks.size(); ++b) total += block_rows(b);
+    s.free.reserve(total);  // so that release() never allocates
     const size_t rows = block_rows(s.blocks.size());
     // malloc, not value-initialising new: untouched tails must not become resident.
-    Block b(static_cast<float*>(std::malloc(rows * (dim_ + 1) * sizeof(float))));
+    Block b(static_cast<char*>(std::malloc(rows * slot_bytes_)));
     if (b == nullptr) throw std::bad_alloc();
     s.blocks.push_back(std::move(b));  // owned before push_back can throw: no leak
     s.used_in_last = 0;
   }
   return (static_cast<uint32_t>(s.blocks.size() - 1) << 16) | s.used_in_last;
+}
+
+uint32_t ShardTable::take_slot(Slots& s, int64_t key) const {
+  const bool reuse = !s.free.empty();
+  const uint32_t slot = reuse ? s.free.back() : new_slot(s);
+  s.index.emplace(key, slot);  // may throw: then the slot stays free
+  if (reuse) {
+    s.free.pop_back();
+  } else {
+    ++s.used_in_last;
+  }
+  *key_ptr(s, slot) = key;
+  *flags_ptr(s, slot) = kUsed;
+  return slot;
+}
+
+void ShardTable::release(Slots& s, uint32_t slot) const {
+  s.index.erase(*key_ptr(s, slot));
+  *flags_ptr(s, slot) = 0;
+  s.free.push_back(slot);  // capacity reserved by new_slot
+}
+
+uint32_t ShardTable::insert_first_touch(Slots& s, int64_t key) const {
+  const uint32_t slot = take_slot(s, key);
+  init_row(key, row_ptr(s, slot));
+  *state_ptr(s, slot) = 0.0f;
+  *step_ptr(s, slot) = kNoStep;
+  *flags_ptr(s, slot) |= kDirty | kRef;  // no SSD copy: an eviction must write it
+  return slot;
 }
 
 void ShardTable::group_by_stripe(const int64_t* keys, size_t n, std::vector<uint32_t>& order,
@@ -86,26 +165,46 @@ void ShardTable::group_by_stripe(const int64_t* keys, size_t n, std::vector<uint
   for (size_t i = 0; i < n; ++i) order[pos[sid[i]]++] = static_cast<uint32_t>(i);
 }
 
-void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes, void* state_bytes) const {
+void ShardTable::gather(const int64_t* keys, size_t n, void* out) const {
+  gather_impl(keys, n, out, nullptr, nullptr, true);
+}
+
+void ShardTable::read(const int64_t* keys, size_t n, void* out, void* state_out,
+                      void* step_out) const {
+  gather_impl(keys, n, out, state_out, step_out, false);
+}
+
+void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, void* state_bytes,
+                             void* step_bytes, bool may_move) const {
   char* out = static_cast<char*>(out_bytes);
   char* state_out = static_cast<char*>(state_bytes);
-  std::vector<float> fresh(dim_);
+  char* step_out = static_cast<char*>(step_bytes);
   std::vector<uint32_t> order, starts;
   group_by_stripe(keys, n, order, starts);
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  const bool moving = may_move && store_ && frozen_.load() == 0;
+  const auto put_meta = [&](size_t i, float state, int64_t step) {
+    if (state_out != nullptr) std::memcpy(state_out + i * sizeof(float), &state, sizeof(state));
+    if (step_out != nullptr) std::memcpy(step_out + i * sizeof(step), &step, sizeof(step));
+  };
   // Two passes per stripe: look every key up first (independent index probes overlap in the
   // CPU), then copy rows with the next rows prefetched, so row cache misses overlap too.
   std::vector<uint32_t> slot(n);
   std::vector<const float*> src(n);
+  std::vector<uint32_t> missing;
+  std::vector<int64_t> mkeys;
+  std::vector<char> values;
+  std::vector<uint8_t> found;
+  std::vector<float> fresh;
   constexpr size_t kAhead = 8;
   for (size_t s = 0; s < stripes_.size(); ++s) {
     if (starts[s] == starts[s + 1]) continue;
-    const Stripe& st = stripes_[s];
+    Stripe& st = stripes_[s];
     std::lock_guard<std::mutex> lock(st.mu);
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
       const uint32_t i = order[j];
-      auto it = st.index.find(keys[i]);
-      src[j] = it != st.index.end() ? row_ptr(st, slot[j] = it->second) : nullptr;
+      auto it = st.s.index.find(keys[i]);
+      src[j] = it != st.s.index.end() ? row_ptr(st.s, slot[j] = it->second) : nullptr;
       if (src[j] != nullptr) __builtin_prefetch(src[j]);
     }
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
@@ -114,97 +213,103 @@ void ShardTable::gather(const int64_t* keys, size_t n, void* out_bytes, void* st
         for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(ahead + off);
       }
       const uint32_t i = order[j];
-      char* dst = out + static_cast<size_t>(i) * row_bytes;
-      float state = 0.0f;
-      if (src[j] != nullptr) {
-        std::memcpy(dst, src[j], row_bytes);
-        state = *state_ptr(st, slot[j]);
+      if (src[j] == nullptr) {
+        missing.push_back(j);
+        continue;
+      }
+      std::memcpy(out + size_t{i} * row_bytes, src[j], row_bytes);
+      if (state_out != nullptr || step_out != nullptr)
+        put_meta(i, *state_ptr(st.s, slot[j]), *step_ptr(st.s, slot[j]));
+      if (moving) *flags_ptr(st.s, slot[j]) |= kRef;
+    }
+    if (missing.empty()) continue;
+    // Rows not in DRAM: from the SSD tier when it holds rows of this stripe, else first-touch.
+    const bool ssd = store_ && st.s.ssd_keys > st.s.copies;
+    const size_t vb = ssd ? store_->value_bytes() : 0;
+    if (ssd) {
+      mkeys.resize(missing.size());
+      for (size_t q = 0; q < missing.size(); ++q) mkeys[q] = keys[order[missing[q]]];
+      values.resize(missing.size() * vb);
+      store_->get(mkeys.data(), mkeys.size(), values.data(), &found);
+    }
+    size_t hits = 0;
+    for (size_t q = 0; q < missing.size(); ++q) {
+      const uint32_t i = order[missing[q]];
+      float* dst = reinterpret_cast<float*>(out + size_t{i} * row_bytes);
+      if (ssd && found[q]) {
+        float state;
+        int64_t step;
+        store_->decode_value(&values[q * vb], nullptr, &state, &step);
+        std::memcpy(dst, &values[q * vb], row_bytes);
+        put_meta(i, state, step);
+        ++hits;
       } else {
+        fresh.resize(dim_);
         init_row(keys[i], fresh.data());
         std::memcpy(dst, fresh.data(), row_bytes);
+        put_meta(i, 0.0f, kNoStep);
       }
-      if (state_out != nullptr) std::memcpy(state_out + size_t{i} * sizeof(float), &state, 4);
     }
+    if (hits > 0) rows_read_ssd_.fetch_add(hits, std::memory_order_relaxed);
+    if (moving && hits > 0) {
+      // Rows read from SSD for the second time come into DRAM as clean copies (a Zipf tail
+      // read once does not push hot rows out); an optimisation only: the rows are served.
+      size_t admit = 0;
+      for (size_t q = 0; q < missing.size(); ++q) {
+        if (found[q] && !seen_before(st, mkeys[q])) found[q] = 0;
+        admit += found[q];
+      }
+      try {
+        const uint64_t room = std::min<uint64_t>(admit, st.cap);
+        if (room > 0 && st.s.index.size() + room > st.cap) evict_to(st.s, st.cap - room);
+        uint64_t moved = 0;
+        for (size_t q = 0; q < missing.size() && moved < room; ++q)
+          if (found[q] && !st.s.index.contains(mkeys[q])) {
+            promote(st.s, mkeys[q], &values[q * vb]);
+            ++moved;
+          }
+      } catch (const std::exception&) {
+      }
+    }
+    missing.clear();
   }
 }
 
 void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float lr,
                        OptimizerKind opt) {
-  std::shared_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
-  std::vector<uint32_t> order, starts;
-  group_by_stripe(keys, n, order, starts);
-  // Pass 1 (may throw): find or insert every row.  Slots never move, so they stay valid.
-  std::vector<uint32_t> slots(n);
-  for (size_t s = 0; s < stripes_.size(); ++s) {
-    if (starts[s] == starts[s + 1]) continue;
-    Stripe& st = stripes_[s];
-    std::lock_guard<std::mutex> lock(st.mu);
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
-      const int64_t key = keys[order[j]];
-      auto it = st.index.find(key);
-      slots[j] = it != st.index.end() ? it->second : insert_row(st, key);
-    }
-  }
-  // Pass 2 (cannot throw): update.
-  for (size_t s = 0; s < stripes_.size(); ++s) {
-    if (starts[s] == starts[s + 1]) continue;
-    Stripe& st = stripes_[s];
-    std::lock_guard<std::mutex> lock(st.mu);
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j)
-      apply_row(opt, lr, grads + static_cast<size_t>(order[j]) * dim_, row_ptr(st, slots[j]),
-                state_ptr(st, slots[j]), dim_);
+  if (serial_) {
+    std::unique_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
+    apply_locked(keys, grads, n, lr, opt, nullptr);
+  } else {
+    std::shared_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
+    apply_locked(keys, grads, n, lr, opt, nullptr);
   }
 }
 
-std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows) const {
-  auto st = std::make_unique<Staged>(stripes_.size());
-  const size_t per = expected_rows / stripes_.size();
-  for (Stripe& s : st->stripes) s.index.reserve(per + per / 16 + 16);
-  return st;
+bool ShardTable::seen_before(Stripe& st, int64_t key) {
+  if (st.seen.empty()) return true;
+  const uint64_t bit = mix64(static_cast<uint64_t>(key) ^ kSeenSalt) & (st.seen.size() * 64 - 1);
+  uint64_t& word = st.seen[bit >> 6];
+  const uint64_t mask = uint64_t{1} << (bit & 63);
+  if (word & mask) return true;
+  word |= mask;
+  if (++st.seen_marked >= st.cap) {  // a new window
+    std::fill(st.seen.begin(), st.seen.end(), 0);
+    st.seen_marked = 0;
+  }
+  return false;
 }
 
-void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* values,
-                            const float* state, size_t n) const {
-  // One stripe at a time: its index stays in cache while it grows.
-  std::vector<uint32_t> order, starts;
-  group_by_stripe(keys, n, order, starts);
-  constexpr size_t kAhead = 8;
-  for (size_t s = 0; s < staged.stripes.size(); ++s) {
-    Stripe& st = staged.stripes[s];
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
-      if (j + kAhead < starts[s + 1]) __builtin_prefetch(values + size_t{order[j + kAhead]} * dim_);
-      const size_t i = order[j];
-      const uint32_t slot = free_slot(st);
-      if (!st.index.emplace(keys[i], slot).second)
-        throw std::invalid_argument(absl::StrCat("duplicate key ", keys[i]));
-      ++st.used_in_last;
-      std::memcpy(row_ptr(st, slot), values + i * dim_, dim_ * sizeof(float));
-      *state_ptr(st, slot) = state[i];
-    }
-  }
-  staged.rows += n;
-}
-
-void ShardTable::adopt(Staged& staged) {
-  std::unique_lock<std::shared_mutex> writer(update_mu_);
-  std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(stripes_.size());
-  for (auto& st : stripes_) locks.emplace_back(st.mu);
-  size_t old_rows = 0;
-  for (size_t s = 0; s < stripes_.size(); ++s) {
-    old_rows += stripes_[s].index.size();
-    std::swap(stripes_[s].index, staged.stripes[s].index);
-    std::swap(stripes_[s].blocks, staged.stripes[s].blocks);
-    std::swap(stripes_[s].used_in_last, staged.stripes[s].used_in_last);
-  }
-  staged.rows = old_rows;
+std::unique_ptr<TierStore::Cursor> ShardTable::ssd_cursor(uint32_t end_partition, bool bulk) const {
+  if (!store_) return nullptr;
+  return std::make_unique<TierStore::Cursor>(*store_, end_partition, bulk);
 }
 
 uint64_t ShardTable::rows() const {
   uint64_t n = 0;
   for (const auto& st : stripes_) {
     std::lock_guard<std::mutex> lock(st.mu);
-    n += st.index.size();
+    n += st.s.index.size() + (st.s.ssd_keys - st.s.copies);
   }
   return n;
 }
@@ -213,11 +318,27 @@ uint64_t ShardTable::bytes() const {
   uint64_t b = 0;
   for (const auto& st : stripes_) {
     std::lock_guard<std::mutex> lock(st.mu);
-    b += st.index.capacity() * (sizeof(std::pair<int64_t, uint32_t>) + 1);
-    for (size_t i = 0; i < st.blocks.size(); ++i)
-      b += static_cast<uint64_t>(block_rows(i)) * (dim_ + 1) * sizeof(float);
+    b += st.s.index.capacity() * (sizeof(std::pair<int64_t, uint32_t>) + 1);
+    b += st.s.free.capacity() * sizeof(uint32_t);
+    for (size_t i = 0; i < st.s.blocks.size(); ++i)
+      b += static_cast<uint64_t>(block_rows(i)) * slot_bytes_;
   }
   return b;
+}
+
+TierStats ShardTable::tier_stats() const {
+  TierStats t;
+  for (const auto& st : stripes_) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    t.rows_dram += st.s.index.size();
+    t.rows_ssd += st.s.ssd_keys - st.s.copies;
+  }
+  t.ssd_bytes = store_ ? store_->live_bytes() : 0;
+  t.rows_admitted = rows_admitted_.load();
+  t.rows_expired = rows_expired_.load();
+  t.pending_counts = pending_counts_.load();
+  t.rows_read_ssd = rows_read_ssd_.load();
+  return t;
 }
 
 }  // namespace cpu_dist::ps

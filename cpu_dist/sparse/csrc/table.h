@@ -1,22 +1,48 @@
-// One shard's table: int64 key -> row of `dim` float32 plus one float optimizer accumulator.
+// One shard's table: int64 key -> row of `dim` float32, its optimizer accumulator and its
+// last-update step (row_meta.h), in a DRAM tier and, with an SSD directory, an SSD tier.
 //
-// Striped so that concurrent pulls and pushes rarely meet on a lock: S stripes, chosen by
-// hash bits independent of the partition function (otherwise every key of a shard would
-// fall into the same few stripes).  Each stripe owns an index (key -> slot) and chunked row
-// storage: blocks that grow geometrically up to a cap, so a big table never reallocates and
-// copies its rows, and untouched block tails are never resident.
+// Striped so that concurrent pulls and pushes rarely meet on a lock: S stripes, chosen by hash
+// bits independent of the partition function (otherwise every key of a shard would fall into
+// the same few stripes).  Each stripe owns an index (key -> slot) and chunked slot storage:
+// blocks that grow geometrically up to a cap, so a big table never reallocates and copies its
+// rows, and untouched block tails are never resident.  A slot holds a row, its state, its key,
+// its last-update step and a flags byte; freed slots are reused.
+//
+// Tiers.  The DRAM tier holds at most memory_rows rows (0: unbounded).  Without an SSD tier a
+// step or push that would need more is refused whole (MemoryFull).  With one (tier_store.h)
+// the rows beyond the budget live in RocksDB and come back on access (pull or update).  The
+// SSD tier is inclusive: a row read back from SSD keeps its SSD copy and stays clean until an
+// update dirties it, so evicting a clean row costs no write and a pull-heavy trace does not
+// rewrite the rows it reads.
+// Eviction policy: CLOCK (second chance; Corbato 1968), a reference bit per slot and a hand per
+// stripe.  Chosen over LRU because a hit only sets a bit in the slot it already touches (LRU
+// would relink a list under the stripe lock on every pull), and over frequency-aware policies
+// (LFU, TinyLFU) because those need per-key counters or a sketch beside the rows; under a Zipf
+// trace CLOCK's hit rate is close to LRU's.  A stripe over its share of the budget sweeps its
+// hand until it is back under it, and the sweep's dirty victims go out in one RocksDB
+// WriteBatch.  During an update its rows are pinned in DRAM; a stripe may then exceed its share
+// by the rows of that one update until the update is done.
+//
+// Reads and moves keep values: a row moves between tiers only under its stripe's lock, and an
+// eviction writes the row to SSD before it leaves DRAM, so a reader that looks in DRAM first
+// and in SSD second never misses a row.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "optimizer.h"
+#include "row_meta.h"
+#include "table_rules.h"
+#include "tier_store.h"
 
 namespace cpu_dist::ps {
 
@@ -27,121 +53,240 @@ struct TableDump {
   std::vector<float> state;   // keys.size()
 };
 
-// A stripe has no room for another block (slots keep 16 bits of block index).
+// A stripe has no room for another block (slots keep 16 bits of block index), or the DRAM
+// tier has no room and there is no SSD tier (MemoryFull).
 class TableFull : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+class MemoryFull : public TableFull {
+ public:
+  using TableFull::TableFull;
+};
+
+struct TierOptions {
+  uint64_t memory_rows = 0;        // DRAM tier, rows (0: unbounded)
+  std::string ssd_dir;             // SSD tier under this directory (empty: none)
+  std::string ssd_name = "shard";  // prefix of the store's own directory in ssd_dir
+};
+
+struct TierStats {
+  uint64_t rows_dram = 0, rows_ssd = 0, ssd_bytes = 0;
+  uint64_t rows_admitted = 0, rows_expired = 0, pending_counts = 0;
+  uint64_t rows_read_ssd = 0;
+};
 
 class ShardTable {
  public:
-  // max_blocks_per_stripe caps each stripe's row storage (clamped to 1..65536).
+  // max_blocks_per_stripe caps each stripe's slot storage (clamped to 1..65536).
   ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes = 16,
-             uint32_t max_blocks_per_stripe = 65536);
+             uint32_t max_blocks_per_stripe = 65536, TierOptions tiers = {},
+             RuleOptions rules = {});
+  ~ShardTable();
   ShardTable(const ShardTable&) = delete;
   ShardTable& operator=(const ShardTable&) = delete;
 
   uint32_t dim() const { return dim_; }
+  const TierOptions& tier_options() const { return tiers_; }
+  const RuleOptions& rule_options() const { return rules_.options(); }
 
-  // Copies the rows of `keys` into out (n * dim floats, may be unaligned: it is usually a
-  // reply buffer behind a protobuf header), and with `state_out` their accumulators (n
-  // floats, may be unaligned); absent rows are computed with row_init (state 0) and NOT
-  // inserted (a pull never grows the table).
-  void gather(const int64_t* keys, size_t n, void* out, void* state_out = nullptr) const;
+  // A pull: copies the rows of `keys` into out (n * dim floats, may be unaligned: it is usually
+  // a reply buffer behind a protobuf header); absent rows are computed with row_init and NOT
+  // inserted (a pull never grows the table).  Rows found only on SSD are brought into DRAM
+  // (not while the table is frozen).  Throws TierError when the SSD tier cannot be read.
+  void gather(const int64_t* keys, size_t n, void* out) const;
+  // Like gather, with the accumulators (n floats) and last-update steps (n int64) when not
+  // null (all may be unaligned), and without moving any row between tiers: Dump and Save.
+  void read(const int64_t* keys, size_t n, void* out, void* state_out, void* step_out) const;
 
-  // Applies one gradient row per key.  Keys must be unique (callers merge duplicates
-  // first).  Absent rows are inserted with their first-touch values before the update.
-  // All or nothing: every missing row is inserted before any row is updated, so a throw
-  // (TableFull, std::bad_alloc) leaves every value as it was (only first-touch rows added,
-  // which read the same as absent ones).  Waits while the table is frozen.
+  // A push: one gradient row per key, applied directly (no step rules).  Keys must be unique
+  // (callers merge duplicates first).  Absent rows are inserted with their first-touch values
+  // before the update.  All or nothing: every row is made resident (and every missing one
+  // inserted) before any row changes, so a throw (TableFull, MemoryFull, TierError, bad_alloc)
+  // leaves every value as it was.  Waits while the table is frozen.
   void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
 
-  // Calls fn(key) for every row, one stripe at a time under that stripe's lock (so pulls
-  // and updates of other stripes go on).  fn must not call back into the table.
+  // A committed step at job step `step`: the step rules (table_rules.h) around an apply.  The
+  // apply is all or nothing as above; expiry runs after it (a TierError there leaves the
+  // step applied and part of its drops undone: the caller's session fails).
+  struct StepResult {
+    size_t applied = 0;   // rows updated
+    size_t admitted = 0;  // rows created
+    size_t expired = 0;   // rows dropped
+  };
+  StepResult commit_step(const int64_t* keys, const float* grads, size_t n, float lr,
+                         OptimizerKind opt, int64_t step);
+
+  // Calls fn(key) for every row in DRAM, one stripe at a time under that stripe's lock (so
+  // pulls and updates of other stripes go on).  fn must not call back into the table.
   template <class Fn>
   void for_each_key(Fn&& fn) const {
     for (const Stripe& st : stripes_) {
       std::lock_guard<std::mutex> lock(st.mu);
-      for (const auto& entry : st.index) fn(entry.first);
+      for (const auto& entry : st.s.index) fn(entry.first);
     }
   }
+  // The SSD tier's rows (and copies) in (partition, key) order up to end_partition; null
+  // without an SSD tier.  `bulk`: reads far ahead (a checkpoint).
+  std::unique_ptr<TierStore::Cursor> ssd_cursor(uint32_t end_partition, bool bulk) const;
+  // A value from ssd_cursor() (tier_store.h): row (dim floats), state, last-update step.
+  void ssd_decode(const char* value, float* row, float* state, int64_t* step) const {
+    store_->decode_value(value, row, state, step);
+  }
+  // fn(key, count, last_seen) for every count of a key without a row (table_rules.h).  Only
+  // while frozen.
+  template <class Fn>
+  void for_each_pending(Fn&& fn) const {
+    rules_.for_each_pending(fn);
+  }
 
-  // While a Frozen lives nothing changes the table (apply and adopt wait; pulls go on,
-  // they only read): what a checkpoint needs to write a consistent snapshot in pieces.
+  // While a Frozen lives nothing changes the table (updates and adopt wait; pulls go on, they
+  // only read, and move no row between tiers): what a checkpoint needs to write a consistent
+  // snapshot in pieces.
   class Frozen {
    public:
-    explicit Frozen(std::shared_mutex& mu) : lock_(mu) {}
+    Frozen(std::shared_mutex& mu, std::atomic<int>& flag) : lock_(mu), flag_(flag) { ++flag_; }
+    ~Frozen() { --flag_; }
+    Frozen(const Frozen&) = delete;
+    Frozen& operator=(const Frozen&) = delete;
 
    private:
     std::unique_lock<std::shared_mutex> lock_;
+    std::atomic<int>& flag_;
   };
-  Frozen freeze() const { return Frozen(update_mu_); }
+  Frozen freeze() const { return Frozen(update_mu_, frozen_); }
 
-  // Rows built aside from the live table, then swapped in at once: how a checkpoint is
-  // loaded all or nothing.  stage_rows may throw (a duplicate key, TableFull, bad_alloc);
-  // the live table is untouched until adopt(), which cannot fail.
+  // Rows built aside from the live table, then swapped in at once: how a checkpoint is loaded
+  // all or nothing.  Rows fill DRAM up to the budget; with an SSD tier every row also goes to
+  // a fresh store (they must come in ascending (partition, key) order for that), so the rows in
+  // DRAM start as clean copies.  stage_* and finish_staged
+  // may throw (a duplicate key, TableFull, MemoryFull, TierError, bad_alloc); the live table is
+  // untouched until adopt(), which cannot fail.
   class Staged;
   std::unique_ptr<Staged> new_staged(size_t expected_rows) const;
+  // steps may be null (a version 1 file: kNoStep).
   void stage_rows(Staged& st, const int64_t* keys, const float* values, const float* state,
-                  size_t n) const;
+                  const int64_t* steps, size_t n) const;
+  void stage_pending(Staged& st, int64_t key, int64_t count, int64_t last_seen) const;
+  void finish_staged(Staged& st) const;
   void adopt(Staged& st);  // the live rows become st's (and st holds the old ones)
 
   uint64_t rows() const;
-  // Bytes held by rows, accumulators and index (capacity, not just what is in use).
+  // Bytes held by the DRAM tier: slots and index (capacity, not just what is in use).
   uint64_t bytes() const;
+  TierStats tier_stats() const;
 
   // First-touch value of a whole row (the formula of hashing.h, hoisted per row).
   void init_row(int64_t key, float* out) const;
 
  private:
   struct FreeDeleter {
-    void operator()(float* p) const { std::free(p); }
+    void operator()(char* p) const { std::free(p); }
   };
-  using Block = std::unique_ptr<float, FreeDeleter>;
+  using Block = std::unique_ptr<char, FreeDeleter>;
 
-  struct Stripe {
-    mutable std::mutex mu;
+  // Everything a stripe holds (adopt swaps it whole).
+  struct Slots {
     absl::flat_hash_map<int64_t, uint32_t> index;  // key -> (block << 16) | offset
     std::vector<Block> blocks;
-    uint32_t used_in_last = 0;  // rows used in blocks.back()
+    uint32_t used_in_last = 0;   // slots ever used in blocks.back()
+    std::vector<uint32_t> free;  // released slots (capacity kept: release never allocates)
+    uint32_t hand_block = 0, hand_off = 0;  // CLOCK hand
+    uint64_t copies = 0;                    // rows in DRAM with a copy in the SSD tier
+    uint64_t ssd_keys = 0;                  // keys of this stripe in the SSD tier
   };
+  struct Stripe {
+    mutable std::mutex mu;
+    Slots s;
+    uint64_t cap = UINT64_MAX;  // DRAM rows (its share of memory_rows with an SSD tier)
+    // Admission doorkeeper of pulls (TinyLFU's): one bit per hashed key read from SSD; a row
+    // comes into DRAM on its second read within a window, and the bits clear after `cap`
+    // new ones.
+    std::vector<uint64_t> seen;
+    uint64_t seen_marked = 0;
+  };
+  struct StepCtx;
 
   static constexpr uint32_t kFirstBlockRows = 64;
   static constexpr uint32_t kMaxBlockRows = 16384;  // must stay <= 65536 (16-bit offset)
+  static constexpr uint32_t kNoSlot = UINT32_MAX;
+  // flags byte of a slot
+  static constexpr uint8_t kUsed = 1, kRef = 2, kDirty = 4, kOnSsd = 8, kPinned = 16;
 
   static uint32_t block_rows(size_t block) {
     return block >= 8 ? kMaxBlockRows : (kFirstBlockRows << block);
   }
   uint32_t stripe_of(int64_t key) const;
-  float* row_ptr(const Stripe& s, uint32_t slot) const;
-  float* state_ptr(const Stripe& s, uint32_t slot) const;
-  // Caller holds s.mu; key is absent.  Throws TableFull or std::bad_alloc.
-  uint32_t insert_row(Stripe& s, int64_t key);
-  // The next free slot of s (allocating a block when needed), not yet taken: the caller
-  // takes it with ++s.used_in_last.  Throws TableFull or std::bad_alloc.
-  uint32_t free_slot(Stripe& s) const;
+  std::string store_dir() const;  // a fresh directory for a TierStore under ssd_dir
+  // Slot fields: row (dim floats), state, key, last-update step, flags.
+  float* row_ptr(const Slots& s, uint32_t slot) const;
+  float* state_ptr(const Slots& s, uint32_t slot) const;
+  int64_t* key_ptr(const Slots& s, uint32_t slot) const;
+  int64_t* step_ptr(const Slots& s, uint32_t slot) const;
+  uint8_t* flags_ptr(const Slots& s, uint32_t slot) const;
+
+  // ---- slots (table.cc); the caller holds the stripe's lock ----
+  // A slot for `key` (absent), in the index, flags kUsed.  Throws TableFull or bad_alloc.
+  uint32_t take_slot(Slots& s, int64_t key) const;
+  uint32_t new_slot(Slots& s) const;            // throws TableFull or bad_alloc
+  void release(Slots& s, uint32_t slot) const;  // cannot fail
+  uint32_t insert_first_touch(Slots& s, int64_t key) const;
   // order[] gets the indices 0..n-1 grouped by stripe; starts[s]..starts[s+1] is stripe s.
   void group_by_stripe(const int64_t* keys, size_t n, std::vector<uint32_t>& order,
                        std::vector<uint32_t>& starts) const;
+  void gather_impl(const int64_t* keys, size_t n, void* out, void* state_out, void* step_out,
+                   bool may_move) const;
+
+  // ---- tiers (table_tiers.cc); the caller holds the stripe's lock ----
+  // The doorkeeper: whether a pull read `key` from SSD before (in this window); marks it.
+  static bool seen_before(Stripe& st, int64_t key);
+  // A row read from SSD into DRAM as a clean copy.  Throws TableFull or bad_alloc.
+  uint32_t promote(Slots& s, int64_t key, const char* value) const;
+  // CLOCK: evicts unpinned rows until at most `target` are resident, writing the dirty ones
+  // in one batch first.  Returns how many left; throws TierError (then nothing left).
+  size_t evict_to(Slots& s, uint64_t target) const;
+  // Drops rows (expiry): from DRAM, and from SSD in one batch per stripe.
+  size_t drop_rows(const std::vector<int64_t>& keys);
+  // The update (table_tiers.cc): pins every admitted row in DRAM, applies, unpins.
+  void apply_locked(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt,
+                    StepCtx* ctx);
+  void check_budget(const int64_t* keys, size_t n, const std::vector<uint32_t>& order,
+                    const std::vector<uint32_t>& starts, const StepCtx* ctx) const;
+  // After a failed pass 1: unpins, and releases the `fresh` (first-touch) rows.
+  void unpin(const std::vector<uint32_t>& starts, const std::vector<uint32_t>& slots,
+             const std::vector<uint32_t>* fresh);
 
   const uint32_t dim_;
   const uint64_t seed_;
   const float init_scale_;
   const uint32_t max_blocks_;
-  std::vector<Stripe> stripes_;
-  // Writers (apply: shared, adopt: exclusive) against a checkpoint's freeze (exclusive).
-  // Taken before any stripe lock.
+  const size_t slot_bytes_;  // per slot in a block
+  const TierOptions tiers_;
+  // Promotion moves a row between tiers without changing any value, so const reads may do it
+  // (under the stripe's lock).
+  mutable std::vector<Stripe> stripes_;
+  std::unique_ptr<TierStore> store_;  // null without an SSD tier
+  StepRules rules_;                   // changed only under update_mu_, exclusively
+  // Updates (push: shared, unless tiers or rules make them exclusive; commit_step and adopt:
+  // exclusive) against a checkpoint's freeze (exclusive).  Taken before any stripe lock.
   mutable std::shared_mutex update_mu_;
+  mutable std::atomic<int> frozen_{0};
+  const bool serial_;  // pushes take update_mu_ exclusively
+  std::atomic<uint64_t> rows_admitted_{0}, rows_expired_{0}, pending_counts_{0};
+  mutable std::atomic<uint64_t> rows_read_ssd_{0};
 };
 
 class ShardTable::Staged {
  public:
-  explicit Staged(size_t num_stripes) : stripes(num_stripes) {}
+  Staged(size_t num_stripes, RuleOptions rules) : stripes(num_stripes), rules(rules) {}
   size_t rows = 0;
 
  private:
   friend class ShardTable;
-  std::vector<Stripe> stripes;
+  std::vector<Slots> stripes;
+  std::unique_ptr<TierStore> store;
+  std::unique_ptr<TierStore::BulkLoader> loader;
+  StepRules rules;
 };
 
 }  // namespace cpu_dist::ps

@@ -50,6 +50,18 @@ inline uint8_t* put_bytes_header(int field, size_t len, uint8_t* p) {
   return put_varint(len, put_varint(bytes_tag(field), p));
 }
 
+// The tag of a varint field (wire type 0): 0x10 for field 2.
+inline constexpr uint64_t varint_tag(int field) { return static_cast<uint64_t>(field) << 3; }
+
+// Size of an int64 varint field (a negative value takes 10 bytes, as protobuf writes it).
+inline constexpr size_t int64_field_size(int field, int64_t v) {
+  return varint_size(varint_tag(field)) + varint_size(static_cast<uint64_t>(v));
+}
+
+inline uint8_t* put_int64_field(int field, int64_t v, uint8_t* p) {
+  return put_varint(static_cast<uint64_t>(v), put_varint(varint_tag(field), p));
+}
+
 // Wraps a freshly malloc'd slice into `out` (ownership moves to the ByteBuffer) and returns
 // where to write.  Always a refcounted slice: grpc_slice_malloc would inline small sizes into
 // the slice struct itself, which is copied below, so writes through the pointer would be lost.
@@ -154,6 +166,19 @@ class SliceReader {
     }
     return true;
   }
+  // The next n bytes where they lie inside one slice (and skips them); null otherwise (then
+  // nothing is consumed: read() them).
+  const uint8_t* contiguous(size_t n) {
+    if (n > remaining_ || idx_ >= slices_.size() || slices_[idx_].size() - off_ < n) return nullptr;
+    const uint8_t* p = slices_[idx_].begin() + off_;
+    off_ += n;
+    remaining_ -= n;
+    if (off_ == slices_[idx_].size()) {
+      ++idx_;
+      off_ = 0;
+    }
+    return p;
+  }
   bool read_varint(uint64_t* v) {
     *v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -168,6 +193,13 @@ class SliceReader {
   bool read_bytes_header(int field, uint64_t* len) {
     uint64_t tag = 0;
     return read_varint(&tag) && tag == bytes_tag(field) && read_varint(len);
+  }
+  // An int64 varint field `field`; false if the next bytes are not one.
+  bool read_int64_field(int field, int64_t* v) {
+    uint64_t tag = 0, u = 0;
+    if (!read_varint(&tag) || tag != varint_tag(field) || !read_varint(&u)) return false;
+    *v = static_cast<int64_t>(u);
+    return true;
   }
 
  private:

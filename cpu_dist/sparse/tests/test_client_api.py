@@ -183,7 +183,13 @@ def stub_defaults() -> dict[str, object]:
 
 def test_client_defaults_are_the_keyword_defaults():
     d = client_defaults()
-    assert set(d) == {"max_keys_per_rpc", "channels_per_shard", "timeout_s", "max_message_bytes"}
+    assert set(d) == {
+        "max_keys_per_rpc",
+        "channels_per_shard",
+        "timeout_s",
+        "max_message_bytes",
+        "compression",
+    }
     for name, value in d.items():
         assert binding_defaults()[name] == value, name
         assert stub_defaults()[name] == value, name

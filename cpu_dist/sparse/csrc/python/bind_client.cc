@@ -96,6 +96,9 @@ class Handle {
     return result_;
   }
   bool done() const { return op_->done(); }
+  // A pull that named a session, once done: the minimum committed step of the shards it
+  // touched (None otherwise).
+  std::optional<int64_t> committed_step() const { return op_->committed_seen(); }
 
  private:
   std::shared_ptr<AsyncOp> op_;
@@ -138,9 +141,12 @@ std::shared_ptr<AsyncOp> start_push(PsClient& c, const py::handle& keys, const p
 std::shared_ptr<AsyncOp> start_commit(PsClient& c, uint64_t session, int64_t step, uint32_t rank,
                                       uint32_t world_size, const py::handle& keys,
                                       const py::handle& grads, double lr,
-                                      const std::string& optimizer, uint32_t max_ahead) {
+                                      const std::string& optimizer, uint32_t max_ahead,
+                                      int64_t base_step) {
   check_rank(rank, world_size);
-  const ps::CommitPoint at{session, step, rank, world_size, check_max_ahead(max_ahead)};
+  if (base_step < 0)
+    throw py::value_error("base_step must be >= 0, got " + std::to_string(base_step));
+  const ps::CommitPoint at{session, step, rank, world_size, check_max_ahead(max_ahead), base_step};
   const std::string where = "commit of session " + std::to_string(session) + " step " +
                             std::to_string(step) + " rank " + std::to_string(rank);
   Update u = as_update(c, keys, grads, lr, optimizer, where);
@@ -182,12 +188,14 @@ py::dict client_defaults() {
   out["channels_per_shard"] = d.channels_per_shard;
   out["timeout_s"] = d.timeout_s;
   out["max_message_bytes"] = d.max_message_bytes;
+  out["compression"] = ps::encoding_name(d.compression);
   return out;
 }
 
 ClientHolder make_client(std::vector<std::string> addresses, std::string token, uint32_t dim,
                          std::string table, uint32_t max_keys_per_rpc, uint32_t channels_per_shard,
-                         double timeout_s, int64_t max_message_bytes) {
+                         double timeout_s, int64_t max_message_bytes,
+                         const std::string& compression) {
   if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
     throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                           std::to_string(max_message_bytes));
@@ -200,6 +208,7 @@ ClientHolder make_client(std::vector<std::string> addresses, std::string token, 
   o.channels_per_shard = channels_per_shard;
   o.timeout_s = to_timeout(timeout_s);
   o.max_message_bytes = static_cast<int>(max_message_bytes);
+  o.compression = parse_compression(compression);
   return ClientHolder(std::make_unique<PsClient>(std::move(o)).release());
 }
 
@@ -266,34 +275,57 @@ py::list shard_replies(Fn&& call) {
   return messages_to_list(r);
 }
 
+// A pull's keywords: compression None is the client's.
+ps::PullOptions pull_options(const std::optional<std::string>& compression,
+                             std::optional<uint64_t> session) {
+  ps::PullOptions po;
+  if (compression) po.compression = parse_compression(*compression);
+  po.session = session;
+  return po;
+}
+
 void def_data_ops(ClientClass& cls) {
   cls.def(
          "pull",
-         [](PsClient& c, const py::handle& keys, std::optional<py::array> out) {
+         [](PsClient& c, const py::handle& keys, std::optional<py::array> out,
+            const std::optional<std::string>& compression, std::optional<uint64_t> session) {
            KeysArray k = as_keys(keys);
+           const ps::PullOptions po = pull_options(compression, session);
            py::array_t<float> result = pull_target(std::move(out), k.shape(0), c.dim());
            float* dst = result.mutable_data();
            {
              py::gil_scoped_release release;
-             c.pull(k.data(), static_cast<size_t>(k.shape(0)), dst);
+             c.pull(k.data(), static_cast<size_t>(k.shape(0)), dst, po);
            }
            return result;
          },
-         py::arg("keys"), py::arg("out") = py::none(),
-         "Rows of `keys` as float32 [n, dim] (absent rows: their first-touch values).")
+         py::arg("keys"), py::arg("out") = py::none(), py::kw_only(),
+         py::arg("compression") = py::none(), py::arg("session") = py::none(),
+         "Rows of `keys` as float32 [n, dim] (absent rows: their first-touch values), sent "
+         "encoded as `compression` (None: the client's).  With `session`, each shard also "
+         "reports that commit session's committed step: last_pull_committed().")
       .def(
           "pull_async",
-          [](PsClient& c, const py::handle& keys) {
+          [](PsClient& c, const py::handle& keys, const std::optional<std::string>& compression,
+             std::optional<uint64_t> session) {
             KeysArray k = as_keys(keys);
+            const ps::PullOptions po = pull_options(compression, session);
             std::shared_ptr<AsyncOp> op;
             {
               py::gil_scoped_release release;
-              op = c.pull_async(k.data(), static_cast<size_t>(k.shape(0)));
+              op = c.pull_async(k.data(), static_cast<size_t>(k.shape(0)), po);
             }
             return Handle(std::move(op), k.shape(0), c.dim());
           },
-          py::arg("keys"),
-          "Like pull, at once: the Handle's wait() returns the rows (a new array).");
+          py::arg("keys"), py::kw_only(), py::arg("compression") = py::none(),
+          py::arg("session") = py::none(),
+          "Like pull, at once: the Handle's wait() returns the rows (a new array), its "
+          "committed_step() what the shards reported for `session`.")
+      .def("last_pull_committed", &PsClient::last_pull_committed,
+           "Of the last blocking pull that named a session: the minimum committed step of the "
+           "shards it touched (-1: none of them has one); None before such a pull or when it "
+           "touched no shard.  Threads that pull concurrently use pull_async and "
+           "Handle.committed_step() instead.");
   const char* push_doc =
       "A direct update (benchmarks, tests, bulk loading of large tables; training uses "
       "commit): duplicate keys are summed, then the optimizer runs once per row.";
@@ -302,11 +334,13 @@ void def_data_ops(ClientClass& cls) {
   const char* commit_doc =
       "This rank's gradients of one step of a commit session; the shards apply the step "
       "once every rank's arrived, steps in order.  A shard accepts the chunks of a step up "
-      "to max_ahead steps beyond its committed one (1: the next step only) and holds them.";
+      "to max_ahead steps beyond its committed one (1: the next step only) and holds them.  "
+      "base_step: the job step of the session's step 0 (constant per session), which the "
+      "shards' admission and expiry rules count on.";
   def_async_pair(cls, "commit", &start_commit, commit_doc, py::arg("session"), py::arg("step"),
                  py::arg("rank"), py::arg("world_size"), py::arg("keys"), py::arg("grads"),
                  py::arg("lr"), py::arg("optimizer") = "sgd", py::kw_only(),
-                 py::arg("max_ahead") = 1);
+                 py::arg("max_ahead") = 1, py::arg("base_step") = 0);
 }
 
 void def_sessions(ClientClass& cls) {
@@ -335,10 +369,10 @@ void def_admin(ClientClass& cls) {
       .def("health", [](PsClient& c) { return shard_replies([&] { return c.health(); }); })
       .def(
           "traffic", [](const PsClient& c) { return traffic_dict(c.traffic()); },
-          "Payload bytes and keys this client moved (successful RPCs): bytes_pulled (keys "
-          "sent + rows received by pulls), bytes_pushed (keys + gradients sent by pushes and "
-          "commits), keys_pulled, keys_pushed, and retries (pulls and commit chunks sent again "
-          "after UNAVAILABLE).")
+          "Payload bytes and keys this client moved (successful RPCs), rows counted as encoded "
+          "on the wire: bytes_pulled (keys sent + rows received by pulls), bytes_pushed (keys "
+          "+ gradients sent by pushes and commits), keys_pulled, keys_pushed, and retries "
+          "(pulls and commit chunks sent again after UNAVAILABLE).")
       .def("shutdown", &PsClient::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Ask every shard to drain and stop.")
       .def(
@@ -417,7 +451,8 @@ void bind_client(py::module_& m) {
   });
   m.def("client_defaults", &client_defaults,
         "Client's keyword defaults: max_keys_per_rpc, channels_per_shard, timeout_s, "
-        "max_message_bytes.");
+        "max_message_bytes, compression.");
+  bind_codec(m);
 
   py::class_<DumpPages>(m, "DumpPages", "Pages of a dump (Client.dump_pages).")
       .def("__iter__", [](DumpPages& p) -> DumpPages& { return p; })
@@ -427,7 +462,10 @@ void bind_client(py::module_& m) {
       .def("wait", &Handle::wait, py::arg("timeout_s") = py::none(),
            "Wait until done: None for a push or commit, the rows for a pull.  Raises PSError "
            "on failure, TimeoutError on timeout.")
-      .def("done", &Handle::done);
+      .def("done", &Handle::done)
+      .def("committed_step", &Handle::committed_step,
+           "Of a finished pull that named a session: the minimum committed step of the shards "
+           "it touched (-1: none of them has one); None otherwise.");
 
   const ps::ClientOptions defaults;  // the one definition of the keyword defaults
   ClientClass cls(m, "Client", "Client of a set of parameter-server shards.");
@@ -436,13 +474,16 @@ void bind_client(py::module_& m) {
           py::arg("max_keys_per_rpc") = defaults.max_keys_per_rpc,
           py::arg("channels_per_shard") = defaults.channels_per_shard,
           py::arg("timeout_s") = defaults.timeout_s,
-          py::arg("max_message_bytes") = int64_t{defaults.max_message_bytes})
+          py::arg("max_message_bytes") = int64_t{defaults.max_message_bytes},
+          py::arg("compression") = ps::encoding_name(defaults.compression))
       .def("close", &PsClient::close, py::call_guard<py::gil_scoped_release>(),
            "Wait for in-flight async operations and release the client's thread; later calls "
            "raise RuntimeError.  Idempotent.")
       .def_property_readonly("num_shards", &PsClient::num_shards)
       .def_property_readonly("addresses", &PsClient::addresses)
-      .def_property_readonly("dim", &PsClient::dim);
+      .def_property_readonly("dim", &PsClient::dim)
+      .def_property_readonly("compression",
+                             [](const PsClient& c) { return ps::encoding_name(c.compression()); });
   def_data_ops(cls);
   def_sessions(cls);
   def_admin(cls);

@@ -21,11 +21,19 @@ struct ServerLimits {
   uint32_t max_concurrent_streams;
 };
 
+// The keywords of the table's tiers and step rules.
+struct TableKeywords {
+  uint64_t memory_rows;
+  std::string ssd_dir;
+  uint32_t admit_after;
+  uint32_t expire_after;
+};
+
 ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std::string host,
                          int port, std::string table, uint64_t seed, uint32_t shard_index,
                          uint32_t num_shards, int64_t max_message_bytes,
                          uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
-                         const ServerLimits& lim) {
+                         const ServerLimits& lim, TableKeywords tk) {
   if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
     throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                           std::to_string(max_message_bytes));
@@ -52,6 +60,11 @@ ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std:
   o.max_held_bytes = lim.max_held_bytes;
   o.max_memory_bytes = lim.max_memory_bytes;
   o.max_concurrent_streams = lim.max_concurrent_streams;
+  o.memory_rows = tk.memory_rows;
+  o.ssd_dir = std::move(tk.ssd_dir);
+  o.admit_after = tk.admit_after;
+  o.expire_after = tk.expire_after;
+  py::gil_scoped_release release;  // opening an SSD tier touches the disk
   return ServerHolder(std::make_unique<PsServer>(std::move(o)).release());
 }
 
@@ -61,12 +74,14 @@ ServerHolder make_server_py(uint32_t dim, std::string token, float init_scale, s
                             uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
                             double session_idle_timeout_s, uint32_t max_sessions,
                             uint64_t max_held_bytes, uint64_t max_memory_bytes,
-                            uint32_t max_concurrent_streams) {
+                            uint32_t max_concurrent_streams, uint64_t memory_rows,
+                            std::string ssd_dir, uint32_t admit_after, uint32_t expire_after) {
   return make_server(dim, std::move(token), init_scale, std::move(host), port, std::move(table),
                      seed, shard_index, num_shards, max_message_bytes, max_blocks_per_stripe,
                      std::move(checkpoint_dir),
                      ServerLimits{session_idle_timeout_s, max_sessions, max_held_bytes,
-                                  max_memory_bytes, max_concurrent_streams});
+                                  max_memory_bytes, max_concurrent_streams},
+                     TableKeywords{memory_rows, std::move(ssd_dir), admit_after, expire_after});
 }
 
 }  // namespace
@@ -85,7 +100,9 @@ void bind_server(py::module_& m) {
            py::arg("session_idle_timeout_s") = d.session_idle_timeout_s,
            py::arg("max_sessions") = d.max_sessions, py::arg("max_held_bytes") = d.max_held_bytes,
            py::arg("max_memory_bytes") = d.max_memory_bytes,
-           py::arg("max_concurrent_streams") = d.max_concurrent_streams)
+           py::arg("max_concurrent_streams") = d.max_concurrent_streams,
+           py::arg("memory_rows") = d.memory_rows, py::arg("ssd_dir") = d.ssd_dir,
+           py::arg("admit_after") = d.admit_after, py::arg("expire_after") = d.expire_after)
       .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
            "Bind and serve; returns the bound port.")
       .def_property_readonly("port", &PsServer::port)

@@ -1,0 +1,101 @@
+// ShardTable: rows staged aside from the live table (a checkpoint being loaded), then adopted
+// whole.  Rows fill each stripe's share of DRAM in the order they come; with an SSD tier every
+// row also goes to a fresh store in sorted SST files (the checkpoint's (partition, key) order
+// is the store's key order), so a load writes each row once, nothing is compacted, and the
+// rows in DRAM are clean copies that leave DRAM without a write.
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "table.h"
+
+namespace cpu_dist::ps {
+
+std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows) const {
+  if (tiers_.memory_rows > 0 && !store_ && expected_rows > tiers_.memory_rows)
+    throw MemoryFull(absl::StrCat("the checkpoint holds ", expected_rows,
+                                  " rows for this shard, over --ps-memory-rows ",
+                                  tiers_.memory_rows,
+                                  " rows per shard; raise --ps-memory-rows or give the shards an "
+                                  "SSD tier with --ps-ssd-dir"));
+  auto st = std::make_unique<Staged>(stripes_.size(), rules_.options());
+  if (store_) st->store = std::make_unique<TierStore>(store_dir(), dim_);
+  size_t in_dram = expected_rows;
+  if (store_ && tiers_.memory_rows > 0) in_dram = std::min<uint64_t>(in_dram, tiers_.memory_rows);
+  const size_t per = in_dram / stripes_.size();
+  for (Slots& s : st->stripes) s.index.reserve(per + per / 16 + 16);
+  return st;
+}
+
+void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* values,
+                            const float* state, const int64_t* steps, size_t n) const {
+  // Where each row goes, in the order the rows come (ascending, which the SSD files need).
+  std::vector<std::vector<uint32_t>> dram(stripes_.size());
+  std::vector<uint64_t> planned(stripes_.size(), 0);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t s = stripe_of(keys[i]);
+    Slots& sl = staged.stripes[s];
+    const int64_t step = steps != nullptr ? steps[i] : kNoStep;
+    if (sl.index.size() + planned[s] < stripes_[s].cap) {
+      dram[s].push_back(static_cast<uint32_t>(i));
+      ++planned[s];
+    }
+    if (staged.store) {  // without an SSD tier every cap is unbounded
+      if (!staged.loader) staged.loader = std::make_unique<TierStore::BulkLoader>(*staged.store);
+      staged.loader->add(keys[i], values + i * dim_, state[i], step);
+      ++sl.ssd_keys;
+    }
+    if (step != kNoStep) staged.rules.restore_row(keys[i], step);
+  }
+  // One stripe at a time: its index stays in cache while it grows.
+  constexpr size_t kAhead = 8;
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    Slots& sl = staged.stripes[s];
+    const std::vector<uint32_t>& rows = dram[s];
+    for (size_t q = 0; q < rows.size(); ++q) {
+      if (q + kAhead < rows.size()) __builtin_prefetch(values + size_t{rows[q + kAhead]} * dim_);
+      const size_t i = rows[q];
+      if (sl.index.contains(keys[i]))
+        throw std::invalid_argument(absl::StrCat("duplicate key ", keys[i]));
+      const uint32_t slot = take_slot(sl, keys[i]);
+      std::memcpy(row_ptr(sl, slot), values + i * dim_, dim_ * sizeof(float));
+      *state_ptr(sl, slot) = state[i];
+      *step_ptr(sl, slot) = steps != nullptr ? steps[i] : kNoStep;
+      if (staged.store) {
+        *flags_ptr(sl, slot) |= kOnSsd;  // a clean copy
+        ++sl.copies;
+      }
+    }
+  }
+  staged.rows += n;
+}
+
+void ShardTable::stage_pending(Staged& staged, int64_t key, int64_t count,
+                               int64_t last_seen) const {
+  staged.rules.restore_pending(key, count, last_seen);
+}
+
+void ShardTable::finish_staged(Staged& staged) const {
+  if (!staged.loader) return;
+  staged.loader->finish();
+  staged.loader.reset();
+}
+
+void ShardTable::adopt(Staged& staged) {
+  std::unique_lock<std::shared_mutex> writer(update_mu_);
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(stripes_.size());
+  for (auto& st : stripes_) locks.emplace_back(st.mu);
+  size_t old_rows = 0;
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    old_rows += stripes_[s].s.index.size() + (stripes_[s].s.ssd_keys - stripes_[s].s.copies);
+    std::swap(stripes_[s].s, staged.stripes[s]);
+  }
+  std::swap(store_, staged.store);  // the old store goes with `staged`
+  rules_.swap(staged.rules);
+  pending_counts_.store(rules_.pending());
+  staged.rows = old_rows;
+}
+
+}  // namespace cpu_dist::ps

@@ -1,0 +1,274 @@
+// ShardTable: moves between the DRAM and SSD tiers (promotion, CLOCK eviction, expiry drops)
+// and the update path that pins rows in DRAM while it changes them.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "table.h"
+
+namespace cpu_dist::ps {
+
+// What commit_step learns from the update for the step rules.
+struct ShardTable::StepCtx {
+  int64_t step = 0;
+  std::vector<std::pair<int64_t, int64_t>> updated;  // admitted keys, last-update step before
+  std::vector<int64_t> waiting;                      // keys not admitted
+  size_t created = 0;                                // rows the step created
+};
+
+uint32_t ShardTable::promote(Slots& s, int64_t key, const char* value) const {
+  const uint32_t slot = take_slot(s, key);
+  store_->decode_value(value, row_ptr(s, slot), state_ptr(s, slot), step_ptr(s, slot));
+  *flags_ptr(s, slot) |= kOnSsd | kRef;  // a clean copy
+  ++s.copies;
+  return slot;
+}
+
+size_t ShardTable::evict_to(Slots& s, uint64_t target) const {
+  if (s.index.size() <= target || s.blocks.empty()) return 0;
+  const size_t need = s.index.size() - target;
+  // Slots ever used: every slot of the full blocks, the first used_in_last of the last one
+  // (the others were never written).
+  const auto used = [&s](size_t b) {
+    return b + 1 == s.blocks.size() ? s.used_in_last : block_rows(b);
+  };
+  size_t allocated = 0;
+  for (size_t b = 0; b < s.blocks.size(); ++b) allocated += used(b);
+  if (s.hand_block >= s.blocks.size() || s.hand_off >= used(s.hand_block))
+    s.hand_block = s.hand_off = 0;
+  // Second chance: a referenced row loses its bit and is passed over once; two turns of the
+  // hand find every unpinned row.
+  std::vector<uint32_t> victims;
+  TierStore::Batch batch(*store_);
+  for (size_t seen = 0; victims.size() < need && seen < 2 * allocated; ++seen) {
+    const uint32_t slot = (s.hand_block << 16) | s.hand_off;
+    if (++s.hand_off >= used(s.hand_block)) {
+      s.hand_off = 0;
+      ++s.hand_block;
+      if (s.hand_block >= s.blocks.size() || used(s.hand_block) == 0) s.hand_block = 0;
+    }
+    uint8_t& f = *flags_ptr(s, slot);
+    if (!(f & kUsed) || (f & kPinned)) continue;
+    if (f & kRef) {
+      f &= ~kRef;
+      continue;
+    }
+    f |= kPinned;  // not chosen twice
+    victims.push_back(slot);
+    if ((f & kDirty) || !(f & kOnSsd))
+      batch.put(*key_ptr(s, slot), row_ptr(s, slot), *state_ptr(s, slot), *step_ptr(s, slot));
+  }
+  try {
+    store_->write(batch);  // before the rows leave DRAM: no reader misses them
+  } catch (...) {
+    for (uint32_t v : victims) *flags_ptr(s, v) &= ~kPinned;
+    throw;
+  }
+  for (uint32_t v : victims) {
+    if (*flags_ptr(s, v) & kOnSsd) {
+      --s.copies;
+    } else {
+      ++s.ssd_keys;
+    }
+    release(s, v);
+  }
+  return victims.size();
+}
+
+size_t ShardTable::drop_rows(const std::vector<int64_t>& keys) {
+  std::vector<uint32_t> order, starts;
+  group_by_stripe(keys.data(), keys.size(), order, starts);
+  size_t dropped = 0;
+  std::vector<uint32_t> in_dram;
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    Stripe& st = stripes_[s];
+    std::lock_guard<std::mutex> lock(st.mu);
+    in_dram.clear();
+    std::unique_ptr<TierStore::Batch> batch;
+    if (store_) batch = std::make_unique<TierStore::Batch>(*store_);
+    size_t ssd_only = 0, copies = 0;
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const int64_t key = keys[order[j]];
+      auto it = st.s.index.find(key);
+      if (it != st.s.index.end()) {
+        in_dram.push_back(it->second);
+        if (*flags_ptr(st.s, it->second) & kOnSsd) {
+          batch->del(key);
+          ++copies;
+        }
+      } else if (store_) {  // an expiring row is held: not in DRAM, it is on SSD
+        batch->del(key);
+        ++ssd_only;
+      }
+    }
+    if (store_) store_->write(*batch);
+    for (uint32_t slot : in_dram) release(st.s, slot);
+    st.s.copies -= copies;
+    st.s.ssd_keys -= std::min<uint64_t>(st.s.ssd_keys, copies + ssd_only);
+    dropped += in_dram.size() + ssd_only;
+  }
+  return dropped;
+}
+
+void ShardTable::check_budget(const int64_t* keys, size_t n, const std::vector<uint32_t>& order,
+                              const std::vector<uint32_t>& starts, const StepCtx* ctx) const {
+  // Exact: updates are serial here, and without an SSD tier a pull never inserts.
+  uint64_t held = 0, need = 0;
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    const Stripe& st = stripes_[s];
+    std::lock_guard<std::mutex> lock(st.mu);
+    held += st.s.index.size();
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const int64_t key = keys[order[j]];
+      if (!st.s.index.contains(key) && (ctx == nullptr || rules_.admits(key))) ++need;
+    }
+  }
+  if (held + need <= tiers_.memory_rows) return;
+  throw MemoryFull(absl::StrCat(
+      "DRAM tier full: ", ctx != nullptr ? absl::StrCat("step ", ctx->step) : "this push",
+      " needs ", need, " new rows beside the ", held, " held (of ", n,
+      " keys), over --ps-memory-rows ", tiers_.memory_rows,
+      " rows per shard; nothing of it was applied.  Raise --ps-memory-rows or give the shards "
+      "an SSD tier with --ps-ssd-dir"));
+}
+
+void ShardTable::unpin(const std::vector<uint32_t>& starts, const std::vector<uint32_t>& slots,
+                       const std::vector<uint32_t>* fresh) {
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    Stripe& st = stripes_[s];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      if (slots[j] == kNoSlot) continue;
+      if (fresh != nullptr && (*fresh)[j]) {
+        release(st.s, slots[j]);  // a first-touch row reads as an absent one
+      } else {
+        *flags_ptr(st.s, slots[j]) &= ~kPinned;
+      }
+    }
+  }
+}
+
+void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n, float lr,
+                              OptimizerKind opt, StepCtx* ctx) {
+  std::vector<uint32_t> order, starts;
+  group_by_stripe(keys, n, order, starts);
+  if (tiers_.memory_rows > 0 && !store_) check_budget(keys, n, order, starts, ctx);
+  if (ctx != nullptr) {
+    ctx->updated.reserve(n);
+    ctx->waiting.reserve(n);
+  }
+  // Pass 1 (may throw, moves no value): every admitted row resident in DRAM and pinned there.
+  // Slots never move while pinned, so they stay valid through pass 2.
+  std::vector<uint32_t> slots(n, kNoSlot);
+  std::vector<uint32_t> fresh(n, 0);  // rows this update inserted at their first-touch value
+  std::vector<uint32_t> missing;
+  std::vector<int64_t> mkeys;
+  std::vector<char> values;
+  std::vector<uint8_t> found;
+  const uint8_t pin = store_ ? kPinned : 0;
+  try {
+    for (size_t s = 0; s < stripes_.size(); ++s) {
+      if (starts[s] == starts[s + 1]) continue;
+      Stripe& st = stripes_[s];
+      std::lock_guard<std::mutex> lock(st.mu);
+      missing.clear();
+      for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+        auto it = st.s.index.find(keys[order[j]]);
+        if (it == st.s.index.end()) {
+          missing.push_back(j);
+          continue;
+        }
+        slots[j] = it->second;
+        *flags_ptr(st.s, it->second) |= pin;
+      }
+      if (missing.empty()) continue;
+      const bool ssd = store_ && st.s.ssd_keys > st.s.copies;
+      const size_t vb = ssd ? store_->value_bytes() : 0;
+      if (ssd) {
+        mkeys.resize(missing.size());
+        for (size_t q = 0; q < missing.size(); ++q) mkeys[q] = keys[order[missing[q]]];
+        values.resize(missing.size() * vb);
+        store_->get(mkeys.data(), mkeys.size(), values.data(), &found);
+      }
+      for (size_t q = 0; q < missing.size(); ++q) {
+        const uint32_t j = missing[q];
+        const int64_t key = keys[order[j]];
+        if (ssd && found[q]) {
+          slots[j] = promote(st.s, key, &values[q * vb]);
+          rows_read_ssd_.fetch_add(1, std::memory_order_relaxed);
+        } else if (ctx == nullptr || rules_.admits(key)) {
+          slots[j] = insert_first_touch(st.s, key);
+          fresh[j] = 1;
+        } else {
+          continue;  // not admitted: no row
+        }
+        *flags_ptr(st.s, slots[j]) |= pin;
+      }
+      if (store_ && st.s.index.size() > st.cap) evict_to(st.s, st.cap);
+    }
+  } catch (...) {
+    // Moves keep values; this update's first-touch rows go again (serial updates only: a
+    // concurrent one may use them), and the pins go.
+    if (serial_) unpin(starts, slots, &fresh);
+    throw;
+  }
+  // Pass 2 (cannot throw): update.
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    Stripe& st = stripes_[s];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const uint32_t i = order[j], slot = slots[j];
+      if (slot == kNoSlot) {
+        ctx->waiting.push_back(keys[i]);
+        continue;
+      }
+      apply_row(opt, lr, grads + static_cast<size_t>(i) * dim_, row_ptr(st.s, slot),
+                state_ptr(st.s, slot), dim_);
+      if (store_) {
+        uint8_t& f = *flags_ptr(st.s, slot);
+        f = static_cast<uint8_t>((f | kDirty | kRef) & ~kPinned);
+      }
+      if (ctx != nullptr) {
+        int64_t& step = *step_ptr(st.s, slot);
+        ctx->updated.emplace_back(keys[i], step);
+        step = ctx->step;
+        ctx->created += fresh[j];
+      }
+    }
+    // Back under the stripe's share; a failing SSD leaves the rows in DRAM for the next try.
+    if (store_ && st.s.index.size() > st.cap) {
+      try {
+        evict_to(st.s, st.cap);
+      } catch (const TierError&) {
+      }
+    }
+  }
+}
+
+ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float* grads, size_t n,
+                                               float lr, OptimizerKind opt, int64_t step) {
+  std::unique_lock<std::shared_mutex> writer(update_mu_);  // the rules change only here
+  StepCtx ctx;
+  ctx.step = step;
+  rules_.reserve(n);
+  apply_locked(keys, grads, n, lr, opt, &ctx);
+  for (const auto& [key, old] : ctx.updated) rules_.row_updated(key, old, step);
+  for (int64_t key : ctx.waiting) rules_.key_waiting(key, step);
+  uint64_t counts_dropped = 0;
+  const std::vector<int64_t> drop = rules_.expire(step, &counts_dropped);
+  StepResult r;
+  r.applied = ctx.updated.size();
+  r.admitted = ctx.created;
+  rows_admitted_ += ctx.created;
+  pending_counts_.store(rules_.pending());
+  if (!drop.empty()) {
+    r.expired = drop_rows(drop);
+    rows_expired_ += r.expired;
+  }
+  return r;
+}
+
+}  // namespace cpu_dist::ps
