@@ -96,6 +96,8 @@ def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: f
             "0",
             "--eval-batches",
             "1",
+            "--test-batches",
+            "0",
             "--no-progress",
             "--print-freq",
             str(args.steps),

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from cpu_dist.data.batch import Batch
 
@@ -74,7 +75,11 @@ class WorkerBatches:
         stop_step: int | None = None,
         threads: int | None = None,
         hold: bool = False,
+        prepare: Callable[[Batch], Any] | None = None,
     ) -> None:
+        """``prepare``: run on the loader thread on each share; its result for the share that
+        ``next`` returned last is :attr:`prepared` (the trainer's unique keys: off its data
+        phase)."""
         if batch_size <= 0 or world <= 0 or not 0 <= rank < world or batch_size % world:
             raise ValueError(
                 f"bad share: global batch {batch_size}, rank {rank} of {world} workers"
@@ -94,6 +99,8 @@ class WorkerBatches:
         self._go = threading.Event()  # cleared while the trainer holds the threads
         self._go.set()
         self._hold = hold
+        self._prepare = prepare
+        self.prepared: Any = None
         self._done = False
         per_thread = max(1, -(-depth // threads))
         self._queues: list[queue.Queue] = [queue.Queue(maxsize=per_thread) for _ in range(threads)]
@@ -122,7 +129,8 @@ class WorkerBatches:
                 batch = self.dataset.worker_batch(step, self.batch_size, self.rank, self.world)
                 if batch is None:
                     break
-                if not self._put(out, (step, batch)):
+                extra = None if self._prepare is None else self._prepare(batch)
+                if not self._put(out, (step, batch, extra)):
                     return
                 step += threads
             self._put(out, _End())
@@ -167,7 +175,8 @@ class WorkerBatches:
         self._next_step += 1
         if self._hold:
             self._go.clear()
-        return item
+        step, batch, self.prepared = item
+        return step, batch
 
     def release(self) -> None:
         """Let the threads make batches again (``hold=True``: after the trainer's data phase)."""

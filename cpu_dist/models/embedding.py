@@ -59,6 +59,21 @@ class ShardedEmbedding(nn.Module):
         self._planned = (keys, keys._version, uniq, inverse)
         return uniq.numpy()
 
+    @staticmethod
+    def plan_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(sorted unique keys, inverse [keys.shape])`` as :meth:`unique_keys` computes them,
+        in numpy so that a loader thread can do it ahead (see :meth:`use_plan`)."""
+        if keys.dtype != np.int64:
+            raise TypeError(f"keys must be int64, got {keys.dtype}")
+        uniq, inverse = np.unique(keys.reshape(-1), return_inverse=True)
+        return uniq, inverse.astype(np.int64, copy=False).reshape(-1)
+
+    def use_plan(self, keys: torch.Tensor, plan: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """:meth:`unique_keys` from a :meth:`plan_keys` result made ahead for ``keys``."""
+        uniq, inverse = plan
+        self._planned = (keys, keys._version, torch.from_numpy(uniq), torch.from_numpy(inverse))
+        return uniq
+
     def _unique_of(self, keys: torch.Tensor):
         planned = self._planned
         if planned is not None and planned[0] is keys and planned[1] == keys._version:

@@ -12,8 +12,9 @@ NUM_PARTITIONS: int
 _T = TypeVar("_T")
 
 # How rows cross the wire (proto/ps.proto, Compression; csrc/codec.h): "none" (float32),
-# "fp16" (IEEE half, ties to even) or "int8" (a float32 scale max|x|/127 per row, then
-# int8 values).  Shards keep and update float32 rows.
+# "fp16" (a float32 power-of-two scale per row, then IEEE halves of x / scale, ties to even)
+# or "int8" (a float32 scale max|x|/127 per row, then int8 values).  Shards keep and update
+# float32 rows.
 Compression = Literal["none", "fp16", "int8"]
 
 class ClientDefaults(TypedDict):
@@ -35,9 +36,9 @@ def client_defaults() -> ClientDefaults:
     """Client's keyword defaults, from their one definition (C++ ClientOptions)."""
 
 def encode_rows(rows: npt.ArrayLike, compression: Compression) -> npt.NDArray[np.uint8]:
-    """float32 rows [n, dim] as the wire carries them: uint8 [n, bytes per row] (4 dim, 2 dim
+    """float32 rows [n, dim] as the wire carries them: uint8 [n, bytes per row] (4 dim, 4 + 2 dim
     or 4 + dim).  ValueError naming the row and column of a value the encoding cannot carry
-    (non-finite; |x| >= 65520 in fp16)."""
+    (non-finite; |x| >= 2^127 in fp16)."""
 
 def decode_rows(data: npt.ArrayLike, dim: int, compression: Compression) -> npt.NDArray[np.float32]:
     """The float32 rows that encoded rows stand for: what a shard applies for a compressed
@@ -185,7 +186,7 @@ class Client:
     ) -> Handle[None]: ...
     # A shard accepts a commit's chunks for a step up to max_ahead (1..64) beyond its
     # committed one and holds them; steps still apply in order.  Gradients must be finite in
-    # float32 (and below 65520 in magnitude with fp16 compression) and lr finite and > 0
+    # float32 (and below 2^127 in magnitude with fp16 compression) and lr finite and > 0
     # (ValueError naming the key or the lr; nothing is sent).  base_step: the job step of the
     # session's step 0 (constant per session; the shards' admission and expiry rules count
     # job steps base_step + step).  Pushes and commits send their gradients encoded as the

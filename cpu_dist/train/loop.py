@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -45,7 +45,13 @@ STRAGGLER_POLL_S = 1e-4
 Prepared = tuple[torch.Tensor, np.ndarray, torch.Tensor, torch.Tensor]
 
 
-def make_client(cfg: Config, token: str, addresses: list[str]) -> Client:
+def make_client(
+    cfg: Config,
+    token: str,
+    addresses: list[str],
+    compression: Literal["none", "fp16", "int8"] | None = None,
+) -> Client:
+    """The job's client of the shards; ``compression`` overrides ``--ps-compression``."""
     c = cfg.client
     return Client(
         addresses,
@@ -56,7 +62,7 @@ def make_client(cfg: Config, token: str, addresses: list[str]) -> Client:
         channels_per_shard=c.channels,
         timeout_s=c.rpc_timeout_s,
         max_message_bytes=c.max_message_bytes,
-        compression=c.compression,
+        compression=compression or c.compression,
     )
 
 
@@ -69,6 +75,9 @@ class Worker:
         self.chief = self.rank == 0
         self.dtype = torch.float64 if cfg.model.dtype == "float64" else torch.float32
         self.client = make_client(cfg, token, addresses)
+        # Evaluation reads float32 rows on a client of its own, so that the bytes metrics
+        # are the training's traffic alone (what --ps-compression changes).
+        self.eval_client = make_client(cfg, token, addresses, compression="none")
         self.dataset = dataset_for(cfg.data, cfg.train.seed)
         self.embedding = ShardedEmbedding(self.client, cfg.model.embedding_dim)
         self.model = build_dlrm(
@@ -113,6 +122,7 @@ class Worker:
             self.world,
             stop_step=cfg.train.max_step,
             hold=True,  # no batch is made during this thread's data phase (see release below)
+            prepare=lambda batch: ShardedEmbedding.plan_keys(batch.keys),
         )
 
     def _next_batch(self) -> Prepared | None:
@@ -126,7 +136,7 @@ class Worker:
         keys = torch.from_numpy(batch.keys)
         prepared = (
             keys,
-            self.embedding.unique_keys(keys),
+            self.embedding.use_plan(keys, self._batches.prepared),
             torch.from_numpy(batch.dense).to(self.dtype),
             torch.from_numpy(batch.labels).to(self.dtype),
         )
@@ -241,7 +251,7 @@ class Worker:
             batches,
             self.comm,
             dtype=self.dtype,
-            read_rows=lambda keys: self.client.pull(keys, compression="none"),
+            read_rows=self.eval_client.pull,
             prefix=split,
         )
         if result:

@@ -119,3 +119,18 @@ def test_bad_arguments():
         WorkerBatches(Recorded(), 10, 0, 0, 3)
     with pytest.raises(ValueError):
         WorkerBatches(Recorded(), 8, -1, 0, 1)
+
+
+def test_prepare_runs_on_the_thread_and_goes_with_its_share():
+    ds = Recorded(steps=6)
+    main = threading.current_thread()
+    ran_on = []
+
+    def prepare(batch):
+        ran_on.append(threading.current_thread())
+        return int(batch.keys[0, 0]) * 2
+
+    with WorkerBatches(ds, 8, 1, 0, 1, threads=2, prepare=prepare) as wb:
+        got = [(s, wb.prepared) for s, _ in wb]
+    assert got == [(s, s * 200) for s in range(1, 6)]
+    assert ran_on and main not in ran_on

@@ -134,3 +134,16 @@ def test_unique_keys_plan_is_reused_only_for_the_same_unmodified_tensor():
     emb(keys)
     assert calls == [1, 1]
     assert emb._keys.tolist() == [3, 7, 9]
+
+
+def test_a_plan_made_ahead_in_numpy_gives_the_forward_of_unique_keys():
+    keys = _keys()
+    a, b = ShardedEmbedding(DictStore(DIM), DIM), ShardedEmbedding(DictStore(DIM), DIM)
+    uniq, inverse = ShardedEmbedding.plan_keys(keys.numpy())
+    assert np.array_equal(b.use_plan(keys, (uniq, inverse)), a.unique_keys(keys))
+    calls = []
+    plain = b._unique
+    b._unique = lambda k, inv: calls.append(1) or plain(k, inv)
+    assert torch.equal(b(keys), a(keys)) and calls == []  # the plan, not a second sort
+    with pytest.raises(TypeError, match="int64"):
+        ShardedEmbedding.plan_keys(keys.numpy().astype(np.int32))

@@ -16,9 +16,9 @@ static_assert(static_cast<int>(Encoding::kInt8) == COMPRESSION_INT8);
 
 namespace {
 
-// |x| bits from which fp16 cannot carry x: 65520 (the tie between 65504 and 2^16, which
-// rounds to even, i.e. to infinity), infinities and NaNs.
-constexpr uint32_t kFp16LimitBits = 0x477ff000u;
+// |x| bits from which the scaled fp16 encoding cannot carry x: 2^127 (the scale would exceed
+// 2^112, and a decoded value could round to infinity), infinities and NaNs.
+constexpr uint32_t kFp16LimitBits = 0x7f000000u;
 constexpr uint32_t kExponentBits = 0x7f800000u;
 
 uint32_t bits_of(float f) {
@@ -143,10 +143,31 @@ bool decode_int8(const uint8_t* in, uint32_t dim, uint8_t* out, CodecError* err)
   return true;
 }
 
+// The fp16 scale of a row whose max |x| has bits m_bits (finite, below 2^127): the power of
+// two 2^e that puts max |x| / 2^e in [2^14, 2^15), so the row's largest values keep fp16's
+// full 11 bits whatever their magnitude (embedding gradients are mostly below fp16's
+// smallest normal, 2^-14), with e >= -126 so that no scale is a subnormal float; 1 for a
+// zero row.  Dividing by a power of two is exact, so only the rounding to fp16 loses bits.
+float fp16_scale(uint32_t m_bits) {
+  if (m_bits == 0) return 1.0f;
+  const int exponent = static_cast<int>(m_bits >> 23) - 127;  // of max |x| (-127: subnormal)
+  const int e = std::max(exponent - 14, -126);
+  return float_of(static_cast<uint32_t>(e + 127) << 23);
+}
+
+// A scale as fp16_scale writes it: a power of two in [2^-126, 2^112].
+bool fp16_scale_ok(float scale) {
+  const uint32_t b = bits_of(scale);
+  return (b & 0x807fffffu) == 0 && (b >> 23) >= 1 && (b >> 23) <= 112 + 127;
+}
+
 bool encode_fp16(const float* x, uint32_t dim, uint8_t* out, CodecError* err) {
-  uint32_t bad = 0;
-  for (uint32_t c = 0; c < dim; ++c) bad |= (bits_of(x[c]) & 0x7fffffffu) >= kFp16LimitBits;
-  if (bad != 0) {
+  uint32_t m_bits = 0;
+  for (uint32_t c = 0; c < dim; ++c) {
+    const uint32_t a = bits_of(x[c]) & 0x7fffffffu;
+    m_bits = a > m_bits ? a : m_bits;
+  }
+  if (m_bits >= kFp16LimitBits) {  // a non-finite value, or |x| >= 2^127
     for (uint32_t c = 0; c < dim; ++c)
       if ((bits_of(x[c]) & 0x7fffffffu) >= kFp16LimitBits) {
         const bool finite = finite_bits(bits_of(x[c]));
@@ -154,16 +175,27 @@ bool encode_fp16(const float* x, uint32_t dim, uint8_t* out, CodecError* err) {
         return false;
       }
   }
+  const float scale = fp16_scale(m_bits);
+  std::memcpy(out, &scale, sizeof(scale));
+  out += sizeof(scale);
+  const float inverse = 1.0f / scale;  // a power of two in [2^-112, 2^126]: exact
   uint16_t h[kBlock];
   for (uint32_t b = 0; b < dim; b += kBlock) {
     const uint32_t m = std::min(kBlock, dim - b);
-    for (uint32_t c = 0; c < m; ++c) h[c] = half_bits(bits_of(x[b + c]));
+    for (uint32_t c = 0; c < m; ++c) h[c] = half_bits(bits_of(x[b + c] * inverse));
     std::memcpy(out + size_t{b} * 2, h, size_t{m} * 2);
   }
   return true;
 }
 
 bool decode_fp16(const uint8_t* in, uint32_t dim, uint8_t* out, CodecError* err) {
+  float scale;
+  std::memcpy(&scale, in, sizeof(scale));
+  if (!fp16_scale_ok(scale)) {
+    *err = CodecError{CodecError::kBadScale, 0, scale};
+    return false;
+  }
+  in += sizeof(scale);
   uint16_t h[kBlock];
   float v[kBlock];
   for (uint32_t b = 0; b < dim; b += kBlock) {
@@ -172,7 +204,7 @@ bool decode_fp16(const uint8_t* in, uint32_t dim, uint8_t* out, CodecError* err)
     uint32_t bad = 0;
     for (uint32_t c = 0; c < m; ++c) {
       bad |= (h[c] & 0x7c00u) == 0x7c00u;
-      v[c] = half_value(h[c]);
+      v[c] = half_value(h[c]) * scale;  // |half| < 2^16 and scale <= 2^112: finite, exact
     }
     if (bad != 0) {
       for (uint32_t c = 0; c < m; ++c)
@@ -220,7 +252,7 @@ int encoding_to_wire(Encoding e) { return static_cast<int>(e); }
 size_t encoded_row_bytes(Encoding e, uint32_t dim) {
   switch (e) {
     case Encoding::kNone: return size_t{dim} * sizeof(float);
-    case Encoding::kFp16: return size_t{dim} * sizeof(uint16_t);
+    case Encoding::kFp16: return sizeof(float) + size_t{dim} * sizeof(uint16_t);
     case Encoding::kInt8: return sizeof(float) + dim;
   }
   return 0;
@@ -229,7 +261,7 @@ size_t encoded_row_bytes(Encoding e, uint32_t dim) {
 std::string row_bytes_text(Encoding e, uint32_t dim) {
   switch (e) {
     case Encoding::kNone: return absl::StrCat("dim ", dim, " x 4");
-    case Encoding::kFp16: return absl::StrCat("dim ", dim, " x 2 as fp16");
+    case Encoding::kFp16: return absl::StrCat("(4 + dim ", dim, " x 2) as fp16");
     case Encoding::kInt8: return absl::StrCat("(4 + dim ", dim, ") as int8");
   }
   return "?";
@@ -241,9 +273,12 @@ std::string describe(Encoding e, const CodecError& err) {
       return absl::StrCat("column ", err.column, " is ", err.value, ": not finite");
     case CodecError::kRange:
       return absl::StrCat("column ", err.column, " is ", err.value, ": beyond ", encoding_name(e),
-                          e == Encoding::kFp16 ? "'s range (|x| < 65520)"
+                          e == Encoding::kFp16 ? "'s range (|x| < 2^127)"
                                                : "'s range (127 * scale overflows float32)");
     case CodecError::kBadScale:
+      if (e == Encoding::kFp16)
+        return absl::StrCat("fp16 scale is ", err.value,
+                            ": must be a power of two in [2^-126, 2^112]");
       return absl::StrCat("int8 scale is ", err.value,
                           ": must be >= 0 with 127 * scale finite in float32");
     case CodecError::kBadInt8:

@@ -3,7 +3,11 @@
 // equal to this bit for bit).  Bytes per row of dim D:
 //
 //   kNone : float32[D], little-endian                                           4 D
-//   kFp16 : IEEE binary16[D], little-endian, rounded to nearest, ties to even   2 D
+//   kFp16 : float32 scale, then IEEE binary16 h[D]                              4 + 2 D
+//           scale = 2^e, the power of two that puts max_c |x_c| / scale in [2^14, 2^15),
+//                   e >= -126 (1 for a zero row)
+//           h_c   = binary16(x_c / scale), rounded to nearest, ties to even
+//           x'_c  = float32(h_c) * scale (exact)
 //   kInt8 : float32 scale, then int8 q[D]                                       4 + D
 //           scale = max_c |x_c| / 127 (one float32 division; 0 for a zero row)
 //           q_c   = rint(double(x_c) / double(scale)) (ties to even), in -127..127
@@ -12,14 +16,17 @@
 // int8 is symmetric (no zero point), which keeps a pull of D = 64 with its keys at
 // (8 + 4 + 64) / (8 + 256) = 0.288 of float32's bytes.  Its error is |x_c - x'_c| <= scale / 2
 // (plus the rounding of the product) while the scale is a normal float (max |x| >= 127 *
-// 2^-126); below that the error is under 2^-140.  fp16's is 2^-11 relative for |x| >= 2^-14
-// (normal halves) and 2^-25 absolute below.
+// 2^-126); below that the error is under 2^-140.  fp16's is 2^-11 relative for |x| >=
+// 2^-14 * scale (normal halves; max |x| / 2^28 and up) and 2^-25 * scale absolute below.  The
+// scale is what makes fp16 usable for gradients: embedding gradients sit mostly around
+// 1e-7..1e-5, where plain binary16 is subnormal and loses most of its bits.
 //
 // Nothing is clamped or made infinite: an encoder refuses a value its encoding cannot carry
-// (non-finite in every mode; |x| >= 65520 in fp16, which would round to infinity; in int8 a
+// (non-finite in every mode; |x| >= 2^127 in fp16, whose scale would pass 2^112; in int8 a
 // row whose 127 * scale overflows float32, max |x| within 2^-24 of FLT_MAX), and a decoder
-// refuses what no encoder writes (a non-finite fp16 value, an int8 scale that is negative or
-// with 127 * scale not finite, q = -128), so decoded rows are always finite.
+// refuses what no encoder writes (a non-finite fp16 value, an fp16 scale that is no power of
+// two in [2^-126, 2^112], an int8 scale that is negative or with 127 * scale not finite,
+// q = -128), so decoded rows are always finite.
 #pragma once
 
 #include <cstddef>
@@ -40,7 +47,7 @@ std::optional<Encoding> encoding_from_wire(int compression);
 int encoding_to_wire(Encoding e);
 
 size_t encoded_row_bytes(Encoding e, uint32_t dim);
-// One row's bytes as messages spell them: "dim 8 x 4", "dim 8 x 2 as fp16", "(4 + dim 8) as
+// One row's bytes as messages spell them: "dim 8 x 4", "(4 + dim 8 x 2) as fp16", "(4 + dim 8) as
 // int8".
 std::string row_bytes_text(Encoding e, uint32_t dim);
 

@@ -18,7 +18,7 @@ from .conftest import TOKEN
 pytestmark = pytest.mark.timeout(120)
 DIM = 8
 MODES = ["none", "fp16", "int8"]
-ROW_BYTES = {"none": 4 * DIM, "fp16": 2 * DIM, "int8": 4 + DIM}
+ROW_BYTES = {"none": 4 * DIM, "fp16": 4 + 2 * DIM, "int8": 4 + DIM}
 LR = np.float32(0.1)
 
 
@@ -32,7 +32,10 @@ def np_encode(rows: np.ndarray, compression: str) -> np.ndarray:
     if compression == "none":
         return rows.astype("<f4").view(np.uint8).reshape(n, 4 * dim)
     if compression == "fp16":  # numpy's float16 cast rounds to nearest, ties to even
-        return rows.astype("<f2").view(np.uint8).reshape(n, 2 * dim)
+        scale = fp16_scale(rows)
+        h = (rows * (np.float32(1) / scale)[:, None]).astype("<f2")  # exact, then rounded
+        head = scale.astype("<f4").view(np.uint8).reshape(n, 4)
+        return np.concatenate([head, h.view(np.uint8).reshape(n, 2 * dim)], axis=1)
     scale = np.abs(rows).max(axis=1) / np.float32(127)  # one float32 division
     safe = np.where(scale > 0, scale, np.float32(1)).astype(np.float64)
     q = np.rint(rows.astype(np.float64) / safe[:, None])  # ties to even
@@ -41,13 +44,24 @@ def np_encode(rows: np.ndarray, compression: str) -> np.ndarray:
     return np.concatenate([head, q.view(np.uint8)], axis=1)
 
 
+def fp16_scale(rows: np.ndarray) -> np.ndarray:
+    """Per row the power of two 2^e with max |x| / 2^e in [2^14, 2^15), e >= -126; 1 for a
+    zero row."""
+    m_bits = np.abs(rows).view(np.uint32).max(axis=1).astype(np.int64)
+    e = np.maximum((m_bits >> 23) - 127 - 14, -126)
+    scale = ((e + 127) << 23).astype(np.uint32).view(np.float32)
+    return np.where(m_bits == 0, np.float32(1), scale).astype(np.float32)
+
+
 def np_decode(data: np.ndarray, dim: int, compression: str) -> np.ndarray:
     data = np.ascontiguousarray(data, np.uint8)
     n = data.shape[0]
     if compression == "none":
         return data.view("<f4").reshape(n, dim).astype(np.float32)
+    scale = np.ascontiguousarray(data[:, :4]).view("<f4").reshape(n, 1)
     if compression == "fp16":
-        return data.view("<f2").reshape(n, dim).astype(np.float32)
+        h = np.ascontiguousarray(data[:, 4:]).view("<f2").reshape(n, dim)
+        return h.astype(np.float32) * scale  # exact: a power of two
     scale = np.ascontiguousarray(data[:, :4]).view("<f4").reshape(n, 1)
     q = np.ascontiguousarray(data[:, 4:]).view(np.int8).astype(np.float32)
     return q * scale.astype(np.float32)  # one float32 multiplication
@@ -62,12 +76,11 @@ def bits(a):
 
 
 def codec_cases(rng: np.random.Generator) -> np.ndarray:
-    """Rows of every kind a codec must get right: magnitudes from subnormal to 6e4, exact
+    """Rows of every kind a codec must get right: magnitudes from subnormal to 1e37, exact
     fp16 midpoints, exact int8 ties, zero rows, a row of one value, negative zero."""
     dim = 16
-    mags = 10.0 ** rng.uniform(-9, 4.5, (400, 1))
+    mags = 10.0 ** rng.uniform(-9, 30, (400, 1))
     normal = (rng.standard_normal((400, dim)) * mags).astype(np.float32)
-    normal = np.clip(normal, -65519.99, 65519.99).astype(np.float32)
     # Midpoints between adjacent finite halves (exact in float32): ties of the fp16 rounding.
     h = rng.integers(0, 0x7BFF, (100, dim)).astype(np.uint16)
     lo = h.view(np.float16).astype(np.float64)
@@ -76,7 +89,7 @@ def codec_cases(rng: np.random.Generator) -> np.ndarray:
     # int8 ties: max 127 (scale 1), values k + 0.5.
     ties = (rng.integers(-126, 126, (50, dim)) + 0.5).astype(np.float32)
     ties[:, 0] = 127.0
-    special = np.zeros((8, dim), np.float32)
+    special = np.zeros((10, dim), np.float32)
     special[1] = -0.0
     special[2] = 3.0
     special[3, 5] = 1e-45  # the smallest subnormal float32: int8's scale underflows to 0
@@ -84,6 +97,8 @@ def codec_cases(rng: np.random.Generator) -> np.ndarray:
     special[5, :] = 5.960464477539063e-08 / 2  # half of fp16's smallest subnormal: a tie to 0
     special[6] = rng.standard_normal(dim) * 1e-39  # a subnormal int8 scale
     special[7] = rng.standard_normal(dim) * 3e-36  # around the smallest normal scale
+    special[8] = rng.standard_normal(dim) * 1e37  # a large fp16 scale (2^108 or so)
+    special[9] = rng.standard_normal(dim) * 1e-6  # an embedding gradient: fp16's scale 2^-34
     return np.concatenate([normal, mid, ties, special]).astype(np.float32)
 
 
@@ -103,12 +118,27 @@ def test_codec_equals_its_numpy_twin_bit_for_bit(compression):
 def test_fp16_on_every_half_and_a_dense_sweep_of_floats():
     halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     finite = halves[(halves & 0x7C00) != 0x7C00]
-    dec = decode_rows(finite.view(np.uint8).reshape(-1, 2), 1, "fp16")[:, 0]
-    assert np.array_equal(bits(dec), bits(finite.view(np.float16).astype(np.float32)))
-    # Every 251st float32 bit pattern up to the largest magnitude fp16 carries, both signs.
-    sweep = np.arange(0, 0x477FF000, 251, dtype=np.uint32)
+    for scale in (1.0, 2.0**-40, 2.0**100):  # every half at three scales
+        head = np.broadcast_to(np.array([scale], "<f4").view(np.uint8), (len(finite), 4))
+        enc = np.concatenate([head, finite.view(np.uint8).reshape(-1, 2)], axis=1)
+        dec = decode_rows(enc, 1, "fp16")[:, 0]
+        want = finite.view(np.float16).astype(np.float32) * np.float32(scale)
+        assert np.array_equal(bits(dec), bits(want))
+    # Every 1021st float32 bit pattern up to the largest magnitude fp16 carries (below
+    # 2^127), both signs, as rows of two (so most rows have a smaller second value).
+    sweep = np.arange(0, 0x7F000000, 1021, dtype=np.uint32)
     x = np.concatenate([sweep, sweep | 0x80000000]).view(np.float32).reshape(-1, 2)
     assert np.array_equal(encode_rows(x, "fp16"), np_encode(x, "fp16"))
+
+
+def test_fp16_keeps_gradient_sized_rows_at_full_precision():
+    """Plain binary16 flushes 1e-7 to a few subnormal units; the row scale keeps 11 bits."""
+    g = (np.random.default_rng(3).standard_normal((200, 64)) * 1e-6).astype(np.float32)
+    dec = roundtrip(g, "fp16").astype(np.float64)
+    big = np.abs(g) >= np.abs(g).max(axis=1, keepdims=True) / 2**10
+    assert np.all(np.abs(dec - g)[big] <= 2.0**-11 * np.abs(g[big]))
+    plain = g.astype(np.float16).astype(np.float64)
+    assert np.median(np.abs(plain - g) / np.abs(g)) > 50 * np.median(np.abs(dec - g) / np.abs(g))
 
 
 def test_zero_rows_encode_with_scale_zero():
@@ -118,10 +148,10 @@ def test_zero_rows_encode_with_scale_zero():
 
 def test_codec_row_sizes_and_refusals():
     x = np.ones((2, 64), np.float32)
-    assert [encode_rows(x, m).shape[1] for m in MODES] == [256, 128, 68]
-    with pytest.raises(ValueError, match="row 1 cannot be encoded as fp16: column 3 is 65520"):
+    assert [encode_rows(x, m).shape[1] for m in MODES] == [256, 132, 68]
+    with pytest.raises(ValueError, match=r"row 1 cannot be encoded as fp16: column 3 is 1\.7"):
         encode_rows(
-            np.where(np.arange(128).reshape(2, 64) == 67, 65520, 1).astype(np.float32), "fp16"
+            np.where(np.arange(128).reshape(2, 64) == 67, 2.0**127, 1).astype(np.float32), "fp16"
         )
     bad = np.ones((1, 4), np.float32)
     bad[0, 2] = np.nan
@@ -140,9 +170,15 @@ def test_codec_row_sizes_and_refusals():
     enc[0, :4] = np.array([-1.0], "<f4").view(np.uint8)
     with pytest.raises(ValueError, match="int8 scale is -1"):
         decode_rows(enc, 4, "int8")
-    inf_half = np.array([[0x00, 0x7C] * 4], np.uint8)
+    one = np.array([1.0], "<f4").view(np.uint8)
+    inf_half = np.concatenate([one, np.array([0x00, 0x7C] * 4, np.uint8)])[None]
     with pytest.raises(ValueError, match="not finite"):
         decode_rows(inf_half, 4, "fp16")
+    for scale in (3.0, 0.0, -1.0, 2.0**113):  # no power of two in [2^-126, 2^112]
+        enc = encode_rows(np.ones((1, 4), np.float32), "fp16")
+        enc[0, :4] = np.array([scale], "<f4").view(np.uint8)
+        with pytest.raises(ValueError, match="fp16 scale is"):
+            decode_rows(enc, 4, "fp16")
 
 
 # ---- pulls -----------------------------------------------------------------------------------
@@ -167,12 +203,14 @@ def test_one_compressed_pull_is_within_the_bound_of_its_encoding(cluster_factory
     # What the shard sends is the codec's encoding of its float32 rows, nothing else.
     assert np.array_equal(bits(fp16), bits(roundtrip(x, "fp16")))
     assert np.array_equal(bits(int8), bits(roundtrip(x, "int8")))
-    # fp16: relative 2^-11 per value for normal halves, 2^-25 absolute below them.
+    # fp16: relative 2^-11 per value for normal halves (|x| >= 2^-14 * the row's scale),
+    # 2^-25 * scale absolute below them; the scale puts the row's max in [2^14, 2^15).
     err16 = np.abs(x.astype(np.float64) - fp16)
-    normal = np.abs(x) >= 2.0**-14
-    assert normal.sum() > 1000 and (~normal).sum() > 100
+    scale16 = fp16_scale(x).astype(np.float64)[:, None]
+    normal = np.abs(x) >= 2.0**-14 * scale16
+    assert normal.sum() > 1000 and (~normal).sum() > 0
     assert np.all(err16[normal] <= 2.0**-11 * np.abs(x[normal]))
-    assert np.all(err16[~normal] <= 2.0**-25)
+    assert np.all(err16 <= 2.0**-25 * scale16 + 2.0**-11 * np.abs(x))
     # int8: |x - x'| <= scale / 2 per value, scale = row max / 127 (plus x'_c's own rounding).
     scale = (np.abs(x).max(axis=1) / np.float32(127)).astype(np.float64)[:, None]
     err8 = np.abs(x.astype(np.float64) - int8)
@@ -284,24 +322,23 @@ def test_values_an_encoding_cannot_carry_are_refused_before_sending(cluster_fact
     cl = c.client(compression="fp16")
     k = np.array([5, 6, 7], np.int64)
     g = np.ones((3, DIM), np.float32)
-    g[1, 2] = 70000.0
+    g[1, 2] = 2e38
     with pytest.raises(
-        ValueError, match=r"key 6 in push \(row 1\): column 2 is 70000: beyond fp16"
+        ValueError, match=r"key 6 in push \(row 1\): column 2 is 2e\+38: beyond fp16"
     ):
         cl.push(k, g, 0.1)
-    msg = r"key 6 in commit of session 1 step 0 rank 0 \(row 1\): column 2 is 70000"
+    msg = r"key 6 in commit of session 1 step 0 rank 0 \(row 1\): column 2 is 2e\+38"
     with pytest.raises(ValueError, match=msg):
         cl.commit_async(1, 0, 0, 1, k, g, 0.1)
     assert cl.traffic()["keys_pushed"] == 0 and c.rows() == 0
-    g[1, 2] = np.float32(65519.99)  # the largest magnitude fp16 carries (as 65504)
+    g[1, 2] = np.nextafter(np.float32(2.0**127), np.float32(0))  # the largest fp16 carries
     cl.push(k, g, 1.0)
-    # A row beyond fp16's range cannot be pulled as fp16; as float32 or int8 it can.
+    # A row beyond fp16's range cannot be pulled as fp16; as float32 it can.
     plain = c.client()
-    plain.push(np.array([99], np.int64), np.full((1, DIM), -1e5, np.float32), 1.0)
+    plain.push(np.array([99], np.int64), np.full((1, DIM), -3e38, np.float32), 1.0)
     with pytest.raises(PSError, match="OUT_OF_RANGE: the row of key 99 cannot be pulled as fp16"):
         cl.pull(np.array([5, 99], np.int64))
-    assert plain.pull(np.array([99], np.int64))[0, 0] > 9e4
-    assert c.client(compression="int8").pull(np.array([99], np.int64))[0, 0] > 9e4
+    assert plain.pull(np.array([99], np.int64))[0, 0] > 2.9e38
 
 
 # ---- traffic ---------------------------------------------------------------------------------
@@ -457,7 +494,9 @@ def test_the_shard_refuses_bad_encodings_and_changes_nothing(raw):
         ),
         (
             stub.Push,
-            pb.PushRequest(**push, grads=bytes([0, 0x7C] * 8), compression=FP16),
+            pb.PushRequest(
+                **push, grads=bytes(([0, 0, 0x80, 0x3F] + [0, 0x7C] * 4) * 2), compression=FP16
+            ),
             "grads of key 1 in push are no valid fp16 row: column 0 is inf: not finite",
         ),
         (
@@ -491,7 +530,9 @@ def test_the_committed_step_field_is_present_only_when_asked_for(raw):
         metadata=md,
     )
     assert (
-        asked.HasField("committed_step") and asked.committed_step == 0 and len(asked.values) == 16
+        asked.HasField("committed_step")
+        and asked.committed_step == 0
+        and len(asked.values) == 2 * (4 + 2 * 4)
     )
     empty = stub.Pull(pb.PullRequest(table=b"embedding", dim=4, session=9), timeout=10, metadata=md)
     assert empty.committed_step == -1 and empty.values == b""

@@ -1,0 +1,69 @@
+#!/usr/bin/env python
+"""What --ps-compression costs in model quality and saves in bytes, in one run.
+
+The default job (2 workers, 1 PS shard, default DLRM on the synthetic stream, 300 steps) for
+every compression (none, fp16, int8) and every --seed given; per run the summary's eval AUC
+and training bytes (bytes_pulled + bytes_pushed: evaluation reads are float32 on a client
+of their own and not counted).  The last line is one JSON object: per mode the AUCs, their
+difference from float32's on the same seed (auc_delta_<mode>, and its mean over seeds) and
+the bytes ratio to float32 (target: int8 <= 0.3; AUC within 0.002 of float32's).
+
+    .venv/bin/python scripts/bench_compression.py [--seeds 0 1 2] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cpu_dist.common.launch_env import mpi_env  # noqa: E402
+
+MODES = ("none", "fp16", "int8")
+
+
+def run(mode: str, seed: int, steps: int, tmp: Path) -> dict:
+    out = tmp / f"{mode}-{seed}.jsonl"
+    cmd = ["mpirun", "-np", "3", sys.executable, str(ROOT / "launcher.py"), "--worker-num", "2"]
+    cmd += ["--ps-compression", mode, "--seed", str(seed), "--max_step", str(steps)]
+    cmd += ["--no-progress", "--test-batches", "0", "--metrics-out", str(out)]
+    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    s = [x["summary"] for x in lines if "summary" in x][-1]
+    r = {"auc": s["eval_auc"], "bytes": s["bytes_pulled"] + s["bytes_pushed"]}
+    print(mode, seed, json.dumps(r), flush=True)
+    return r
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--steps", type=int, default=300)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        res = {(m, s): run(m, s, args.steps, Path(tmp)) for s in args.seeds for m in MODES}
+    line: dict[str, object] = {"steps": args.steps, "seeds": args.seeds}
+    for m in MODES:
+        line[f"auc_{m}"] = [round(res[m, s]["auc"], 5) for s in args.seeds]
+        if m == "none":
+            continue
+        deltas = [res[m, s]["auc"] - res["none", s]["auc"] for s in args.seeds]
+        line[f"auc_delta_{m}"] = [round(d, 5) for d in deltas]
+        line[f"auc_delta_{m}_mean"] = round(sum(deltas) / len(deltas), 5)
+        ratios = [res[m, s]["bytes"] / res["none", s]["bytes"] for s in args.seeds]
+        line[f"bytes_{m}_vs_none"] = round(max(ratios), 4)
+    print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
