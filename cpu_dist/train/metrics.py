@@ -8,6 +8,8 @@ and ``scripts/plot_metrics.py`` can plot a run that is still going):
   gives them),
   ``bytes_pulled``/``bytes_pushed`` (cumulative) and any further numbers;
 - eval lines: ``step``, ``eval_auc``, ``eval_logloss``;
+- a test line at the end where the data has a test split (``--test-batches``): ``step``,
+  ``test_auc``, ``test_logloss``;
 - a final ``{"summary": {...}}`` line.
 """
 

@@ -27,7 +27,8 @@ def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
         k: v
         for k, v in (
             ("memory_rows", t.memory_rows),
-            ("ssd_dir", str(Path(t.ssd_dir) / f"shard-{roles.role_rank}") if t.ssd_dir else ""),
+            # each shard makes its own uniquely named database in it (shard-<i>-<pid>-<random>)
+            ("ssd_dir", str(Path(t.ssd_dir).resolve()) if t.ssd_dir else ""),
             ("admit_after", t.admit_after if t.admit_after > 1 else 0),  # 0 and 1: off
             ("expire_after", t.expire_after),
         )
