@@ -13,7 +13,8 @@ limited to --link-gbit Gbit/s in both directions with tc tbf.  Modes, each with 
   cache      the prescan cache at 5 % of the run's distinct rows, collective aggregation
   best       the fastest combination measured here (async2 + int8, see --best)
 
-Samples/s come from each run's summary; bytes_per_step_<mode> is what worker 0's PS client
+Samples/s come from each run's summary, the best of --rounds rounds (all modes once per
+round, so a busy spell of a shared machine slows one run of a mode, not all of them); bytes_per_step_<mode> is what worker 0's PS client
 moved per step (pulls + pushes, keys included).  The last line is one JSON object with
 sps_<mode>, bytes_per_step_<mode> and the ratios the issue names.  Where this machine cannot
 make network namespaces the script says so and measures nothing.
@@ -123,7 +124,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--link-gbit", type=float, default=1.0)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=2048)
     args = p.parse_args()
     reason = unavailable()
@@ -143,8 +145,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, NetLab(hosts=1) as lab:
         token = str(Path(tmp) / "token")
         write_token_file(token, "bench-network")
-        for name, extra, gbit in modes:
-            res[name] = run_mode(args, lab, token, name, extra, gbit)
+        for _ in range(args.rounds):
+            for name, extra, gbit in modes:
+                r = run_mode(args, lab, token, name, extra, gbit)
+                if name not in res or r["samples_per_s"] > res[name]["samples_per_s"]:
+                    res[name] = r
     line: dict[str, object] = {"link_gbit": args.link_gbit}
     for name, r in res.items():
         line[f"sps_{name}"] = r["samples_per_s"]

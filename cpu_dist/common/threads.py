@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 from mpi4py import MPI
 
 
@@ -29,5 +28,7 @@ def share_cores(local_workers: int) -> int:
         n = int(os.environ["OMP_NUM_THREADS"])
     else:
         n = max(1, len(os.sched_getaffinity(0)) // max(local_workers, 1))
+    import torch  # here: PS ranks, which never compute, do not pay its import
+
     torch.set_num_threads(n)
     return n

@@ -4,7 +4,6 @@ of the serving tool, defined once (scikit-learn's definitions)."""
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import log_loss, roc_auc_score
 
 
 def evaluate(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -12,6 +11,8 @@ def evaluate(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
     AUC is NaN when the labels hold one class only (it is undefined there).
     """
+    from sklearn.metrics import log_loss, roc_auc_score  # seconds to import: when needed
+
     s = np.asarray(logits, dtype=np.float64).reshape(-1)
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
     if s.shape != y.shape or s.size == 0:

@@ -286,6 +286,12 @@ class SparseCommitter:
             self.session.wait_applied(step - 1 - k, refresh=True)
         self.staleness_seen.append(max(0, step - 1 - self.committed))
 
+    def staler_read(self, step: int, held: int) -> None:
+        """The read of ``step`` that :meth:`wait_for_read` just recorded used rows that hold
+        commits only up to job step ``held`` (early pulls): its staleness is theirs."""
+        stale = max(0, step - 1 - held)
+        self.staleness_seen[-1] = max(self.staleness_seen[-1], stale)
+
     def wait_applied(self, step: int) -> None:
         """Block until ``step`` is applied, without touching the hand-off's state: safe from
         any thread (the cache stage's staging pulls wait here)."""

@@ -5,6 +5,9 @@ several strategies, so the training loop never branches on modes.
                       commit t-1-K only), then pulls every row.
 ``EarlyPullPipeline`` with pipelined commits: the next step's rows that this step did not
                       write are pulled during the dense phase (``cpu_dist.sparse.reads``).
+``AsyncPrefetchPipeline`` with ``--sparse-sync async`` and K >= 1: the next step's rows are
+                      all pulled during the dense phase; the shards' replies say whether they
+                      hold every commit the staleness bound needs.
 the cache stage       ``gpu_cache.CachedRowReader`` (``--read-mode bagpipe``): a bounded row
                       cache in front of the PS, kept coherent with it.
 
@@ -22,10 +25,10 @@ from mpi4py import MPI
 from cpu_dist.common.config import Config
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.data import Dataset
-from cpu_dist.sparse import Client
+from cpu_dist.sparse import Client, Handle
 from cpu_dist.sparse.aggregation import make_aggregation
 from cpu_dist.sparse.commits import CommitSession, SparseCommitter, make_handoff
-from cpu_dist.sparse.reads import EarlyPull
+from cpu_dist.sparse.reads import EarlyPull, written_by
 
 
 class StepPipeline(Protocol):
@@ -105,10 +108,79 @@ class EarlyPullPipeline(DirectPipeline):
         super().finish(last_step)
 
 
+class AsyncPrefetchPipeline(DirectPipeline):
+    """``--sparse-sync async`` with K >= 1.  Step t+1's rows that step t does not write are
+    pulled as soon as its keys are known (during step t), naming the commit session so that
+    each shard's reply says which commits they hold; at the read, the worker waits only for
+    commit t-K (the asynchronous rule: usually no wait, one round trip that also learns how
+    far the shards are) and pulls the rows step t writes.  So a read waits for no other
+    worker, yet holds commit t whenever it is applied by then (the staleness metrics say how
+    often it was not).  Early rows that miss a commit the rule needs are pulled again."""
+
+    def __init__(
+        self,
+        client: Client,
+        committer: SparseCommitter,
+        timer: PhaseTimer,
+        timeout_s: float,
+        writes_known: bool,
+    ) -> None:
+        super().__init__(client, committer, timer)
+        self.timeout_s, self.writes_known = timeout_s, writes_known
+        self._early: tuple[int, np.ndarray, np.ndarray, Handle] | None = None
+        self.reads_early = self.reads_again = 0  # early rows used / pulled again
+
+    def prefetch(self, step: int, unique: np.ndarray) -> None:
+        self.committer.drain()
+        written = self.committer.written if self.writes_known else None
+        dependent = written_by(unique, written)
+        handle = self.client.pull_async(unique[~dependent], session=self.committer.session.id)
+        self._early = (step, unique, dependent, handle)
+
+    def read(self, step: int, unique: np.ndarray) -> torch.Tensor:
+        early, self._early = self._early, None
+        if early is None or early[0] != step or not np.array_equal(early[1], unique):
+            if early is not None:
+                early[3].wait(self.timeout_s)  # a hint for another step: let it end
+            return super().read(step, unique)
+        _, _, dependent, handle = early
+        with self.timer("commit_wait"):
+            self.committer.wait_for_read(step)  # commit step-1-K; records the staleness
+        with self.timer("pull"):
+            rows = np.empty((len(unique), self.client.dim), dtype=np.float32)
+            rows[dependent] = self.client.pull(unique[dependent])
+            rows[~dependent] = handle.wait(self.timeout_s)
+            # Rows step-1 does not write are as after commit step-1 once they hold step-2;
+            # else they hold what the shards had applied when they were pulled.
+            seen = handle.committed_step()
+            held = step - 1 if seen is None else self.committer.session.base + seen
+            if held < step - 2 and held < step - 1 - self.committer.handoff.staleness:
+                self.reads_again += 1
+                rows[~dependent] = self.client.pull(unique[~dependent])
+            else:
+                self.reads_early += 1
+                if held < step - 2:  # staler than the shards' commit the wait learned
+                    self.committer.staler_read(step, held)
+        return torch.from_numpy(rows)
+
+    def finish(self, last_step: int) -> None:
+        if self._early is not None:  # a hint for a step that never ran
+            self._early[3].wait(self.timeout_s)
+            self._early = None
+        super().finish(last_step)
+
+    def metrics(self) -> dict[str, float]:
+        return {"reads_early": self.reads_early, "reads_pulled_again": self.reads_again}
+
+
 def _early_pull(cfg: Config) -> bool:
     """Rows the last step did not write may be pulled early, unless expiry can drop them at
     its commit (a drop is a write of that step that no worker knows of in advance)."""
     return cfg.cache is None and cfg.train.sparse_sync == "pipelined" and not cfg.table.expire_after
+
+
+def _async_prefetch(cfg: Config) -> bool:
+    return cfg.cache is None and cfg.train.sparse_sync == "async" and cfg.train.max_staleness > 0
 
 
 def make_committer(
@@ -128,7 +200,10 @@ def make_committer(
     staleness = cfg.train.max_staleness if cfg.train.sparse_sync == "async" else 0
     return SparseCommitter(
         session,
-        make_aggregation(cfg.train.aggregation, comm, exchange_ids=early_pull),
+        # the early pulls need the rows each step writes (an allgather of its ids)
+        make_aggregation(
+            cfg.train.aggregation, comm, exchange_ids=early_pull or _async_prefetch(cfg)
+        ),
         make_handoff(cfg.train.sparse_sync, session, cfg.client.rpc_timeout_s, staleness),
         # the cache keeps its rows coherent, so its hand-off may overlap the dense phase
         background=cfg.cache is not None,
@@ -150,4 +225,8 @@ def make_pipeline(
         return make_reader(cfg, client, committer, comm, dataset, timer)
     if _early_pull(cfg):
         return EarlyPullPipeline(client, committer, timer, cfg.client.rpc_timeout_s)
+    if _async_prefetch(cfg):
+        # with expiry a commit may drop any row: then every row counts as written
+        known = not cfg.table.expire_after
+        return AsyncPrefetchPipeline(client, committer, timer, cfg.client.rpc_timeout_s, known)
     return DirectPipeline(client, committer, timer)
