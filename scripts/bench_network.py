@@ -14,8 +14,9 @@ limited to --link-gbit Gbit/s in both directions with tc tbf.  Modes, each with 
   best       the fastest combination measured here (async2 + int8, see --best)
 
 Samples/s come from each run's summary, the best of --rounds rounds (all modes once per
-round, so a busy spell of a shared machine slows one run of a mode, not all of them); bytes_per_step_<mode> is what worker 0's PS client
-moved per step (pulls + pushes, keys included).  The last line is one JSON object with
+round, so a busy spell of a shared machine slows one run of a mode, not all of them);
+bytes_per_step_<mode> is what worker 0's PS client moved per step (pulls + pushes, keys
+included; evaluation reads are not counted).  The last line is one JSON object with
 sps_<mode>, bytes_per_step_<mode> and the ratios the issue names.  Where this machine cannot
 make network namespaces the script says so and measures nothing.
 """
