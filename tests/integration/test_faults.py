@@ -14,7 +14,7 @@ from .jobctl import Job
 from .launch import SMALL
 
 pytestmark = pytest.mark.timeout(240)
-BOUND_S = 60.0  # the documented bound (--rpc-timeout); mpirun's teardown is far quicker
+BOUND_S = 10.0  # README: about a second (1.05 s measured); room for a busy CI machine
 
 
 @pytest.mark.parametrize("victim,kind", [(2, "ps"), (1, "worker")])
