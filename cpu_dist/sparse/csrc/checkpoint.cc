@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint_io.h"
+#include "checkpoint_stream.h"
 #include "hashing.h"
 
 namespace cpu_dist::ps::ckpt {
@@ -22,9 +22,6 @@ using grpc::StatusCode;
 
 namespace {
 constexpr size_t kMaxTableLen = 4096;
-struct FreeBytes {
-  void operator()(char* p) const { std::free(p); }
-};
 }  // namespace
 
 namespace {
@@ -225,6 +222,76 @@ void check_block(const char* block, const BlockView& v, uint32_t p, uint32_t exp
 
 }  // namespace
 
+namespace {
+
+// Blocks read together: consecutive owned blocks of one file, about kChunkBytes at a time.
+constexpr uint64_t kChunkBytes = 8 << 20;
+constexpr size_t kChunksAhead = 6;
+
+struct BlockSpec {
+  uint32_t p;
+  uint64_t off, len;
+};
+struct ChunkSpec {
+  int file;
+  std::vector<BlockSpec> blocks;
+};
+
+// A chunk read and checked: its blocks' views, each 8-byte aligned (a block that is not sits
+// copied in `moved`).
+struct Chunk {
+  AlignedBytes bytes;
+  std::vector<AlignedBytes> moved;
+  std::vector<std::pair<uint32_t, BlockView>> blocks;
+};
+
+std::vector<ChunkSpec> plan_chunks(const LoadPlan& plan, uint32_t shard_index, uint32_t num_shards,
+                                   uint32_t dim) {
+  std::vector<ChunkSpec> chunks;
+  uint64_t in_chunk = 0, end = 0;
+  for (uint32_t p = shard_index; p < kNumPartitions; p += num_shards) {
+    if (plan.owner[p] < 0) continue;
+    const OpenedFile& of = plan.opened[plan.owner[p]];
+    const uint64_t len =
+        of.rows[p] * block_row_bytes(dim, of.version) + of.pending[p] * kPendingBytes;
+    const bool joins = !chunks.empty() && chunks.back().file == plan.owner[p] &&
+                       end == of.offset[p] && in_chunk + len <= kChunkBytes;
+    if (!joins) {
+      chunks.push_back(ChunkSpec{plan.owner[p], {}});
+      in_chunk = 0;
+    }
+    chunks.back().blocks.push_back(BlockSpec{p, of.offset[p], len});
+    in_chunk += len;
+    end = of.offset[p] + len;
+  }
+  return chunks;
+}
+
+Chunk read_chunk(const ChunkSpec& spec, const OpenedFile& of, int fd, bool direct,
+                 const std::string& path, uint32_t dim) {
+  Chunk c;
+  const uint64_t off = spec.blocks.front().off;
+  const uint64_t len = spec.blocks.back().off + spec.blocks.back().len - off;
+  const int64_t at = read_range(fd, direct, off, len, c.bytes, path);
+  if (at < 0)
+    throw CheckpointError(StatusCode::DATA_LOSS, absl::StrCat("checkpoint ", path, ": truncated"));
+  for (const BlockSpec& b : spec.blocks) {
+    const char* block = c.bytes.data() + at + (b.off - off);
+    if (reinterpret_cast<uintptr_t>(block) % alignof(int64_t) != 0) {
+      c.moved.emplace_back();
+      c.moved.back().reserve(b.len);
+      std::memcpy(c.moved.back().data(), block, b.len);
+      block = c.moved.back().data();
+    }
+    const BlockView v = view_block(block, of.rows[b.p], of.pending[b.p], dim, of.version);
+    check_block(block, v, b.p, of.crcs[b.p], b.len, path);
+    c.blocks.emplace_back(b.p, v);
+  }
+  return c;
+}
+
+}  // namespace
+
 LoadedRows load_for_shard(const std::vector<FileSpec>& files, const std::string& table_name,
                           const ShardTable& table, uint32_t shard_index, uint32_t num_shards) {
   const uint32_t dim = table.dim();
@@ -235,39 +302,41 @@ LoadedRows load_for_shard(const std::vector<FileSpec>& files, const std::string&
   LoadedRows out;
   out.step = plan.step;
   out.staged = table.new_staged(plan.rows);
-  // Pass 2: the owned partition blocks, one at a time through one buffer (so only the
-  // staged table's memory is new), each checked before its rows are staged.
-  std::unique_ptr<char[], FreeBytes> buf;
-  size_t buf_len = 0;
+  // Pass 2: the owned partition blocks, read (O_DIRECT where possible) and checked by worker
+  // threads a few chunks ahead, staged by this thread in partition order.
+  std::vector<std::unique_ptr<Fd>> fds;
+  std::vector<bool> direct;
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    bool d = false;
+    fds.push_back(std::make_unique<Fd>(open_maybe_direct(files[fi].path, O_RDONLY, &d)));
+    if (fds.back()->get() < 0)
+      throw CheckpointError(
+          StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("checkpoint ", files[fi].path, ": cannot open: ", errno_text()));
+    direct.push_back(d);
+  }
+  const std::vector<ChunkSpec> chunks = plan_chunks(plan, shard_index, num_shards, dim);
+  OrderedPipeline<Chunk> reader(chunks.size(), checkpoint_threads(), kChunksAhead, [&](size_t i) {
+    const int fi = chunks[i].file;
+    return read_chunk(chunks[i], plan.opened[fi], fds[fi]->get(), direct[fi], files[fi].path, dim);
+  });
   std::vector<int64_t> steps;
-  for (uint32_t p = shard_index; p < kNumPartitions; p += num_shards) {
-    if (plan.owner[p] < 0) continue;
-    const OpenedFile& of = plan.opened[plan.owner[p]];
-    const std::string& path = files[plan.owner[p]].path;
-    const size_t m = of.rows[p];
-    const size_t len = m * block_row_bytes(dim, of.version) + of.pending[p] * kPendingBytes;
-    if (len > buf_len) {
-      buf.reset(static_cast<char*>(std::malloc(len)));  // malloc: no zero-fill
-      if (buf == nullptr) throw std::bad_alloc();
-      buf_len = len;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk c = reader.next();
+    for (const auto& [p, v] : c.blocks) {
+      // keys first (8-byte aligned), values and state right after (4-byte); the steps may not
+      // be aligned.
+      if (v.steps != nullptr) {
+        steps.resize(v.n);
+        std::memcpy(steps.data(), v.steps, v.n * sizeof(int64_t));
+      }
+      table.stage_rows(*out.staged, v.keys, v.values, v.state,
+                       v.steps != nullptr ? steps.data() : nullptr, v.n);
+      for (size_t j = 0; j < v.m; ++j)
+        table.stage_pending(*out.staged, load_i64(v.pending, j), load_i64(v.pending, v.m + j),
+                            load_i64(v.pending, 2 * v.m + j));
+      out.n += v.n;
     }
-    if (!pread_all(of.fd->get(), buf.get(), len, of.offset[p]))
-      throw CheckpointError(StatusCode::DATA_LOSS,
-                            absl::StrCat("checkpoint ", path, ": truncated"));
-    const BlockView v = view_block(buf.get(), m, of.pending[p], dim, of.version);
-    check_block(buf.get(), v, p, of.crcs[p], len, path);
-    // Aligned in the buffer: keys first (8-byte), values and state right after (4-byte); the
-    // steps may not be.
-    if (v.steps != nullptr) {
-      steps.resize(m);
-      std::memcpy(steps.data(), v.steps, m * sizeof(int64_t));
-    }
-    table.stage_rows(*out.staged, v.keys, v.values, v.state,
-                     v.steps != nullptr ? steps.data() : nullptr, m);
-    for (size_t j = 0; j < v.m; ++j)
-      table.stage_pending(*out.staged, load_i64(v.pending, j), load_i64(v.pending, v.m + j),
-                          load_i64(v.pending, 2 * v.m + j));
-    out.n += m;
   }
   table.finish_staged(*out.staged);
   return out;

@@ -1,6 +1,7 @@
 // Writing a shard checkpoint in pieces: while the table is frozen (no update lands, pulls are
-// served), each group of partitions is copied out under the stripe locks and written with no
-// lock held, so memory beyond the table is one piece and a pull never waits for the disk.
+// served), worker threads copy groups of partitions out under the stripe locks, and the calling
+// thread writes them in order with no lock held (checkpoint_stream.h), so memory beyond the
+// table is a few pieces and a pull never waits for the disk.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint.h"
 #include "checkpoint_io.h"
+#include "checkpoint_stream.h"
 #include "hashing.h"
 
 namespace cpu_dist::ps::ckpt {
@@ -21,10 +23,11 @@ namespace {
 using grpc::StatusCode;
 namespace fs = std::filesystem;
 
-// A piece is at least this big, and there are at most kMaxPieces of them: each piece costs
-// one pass over the table's index.
-constexpr uint64_t kMinPieceBytes = 64ull << 20;
-constexpr uint64_t kMaxPieces = 32;
+// Rows are gathered and checksummed in pieces of about this many bytes by worker threads, at
+// most kPiecesAhead of them beyond the one being written (so memory beyond the table is that
+// many pieces, plus 8 bytes per DRAM row for the key lists).
+constexpr double kPieceBytes = 8 << 20;
+constexpr size_t kPiecesAhead = 6;
 
 // Creates `dir` and its missing parents, fsyncing each new directory and its parent, so that
 // a crash cannot lose an entry the checkpoint depends on.
@@ -61,9 +64,9 @@ std::string open_temp(const std::string& path, std::unique_ptr<Fd>* fd) {
 }
 
 // Consecutive partition ranges [first[i], first[i + 1]) of about piece_rows rows each.
-std::vector<uint32_t> plan_pieces(const std::vector<uint64_t>& rows, uint64_t piece_rows) {
+std::vector<uint32_t> plan_pieces(const std::vector<double>& rows, double piece_rows) {
   std::vector<uint32_t> first{0};
-  uint64_t in_piece = 0;
+  double in_piece = 0;
   for (uint32_t p = 0; p < kNumPartitions; ++p) {
     if (in_piece > 0 && in_piece + rows[p] > piece_rows) {
       first.push_back(p);
@@ -75,122 +78,184 @@ std::vector<uint32_t> plan_pieces(const std::vector<uint64_t>& rows, uint64_t pi
   return first;
 }
 
-struct Place {
-  uint32_t partition;
-  int64_t key;
-  bool operator<(const Place& o) const {
-    return partition != o.partition ? partition < o.partition : key < o.key;
-  }
-};
-
 // Counts of keys without a row, in file order (partition, key).
 struct PendingRow {
   uint32_t partition;
   int64_t key, count, last_seen;
 };
 
-// One partition's block as it is assembled (checkpoint_format.h, version 2).
-struct Block {
-  std::vector<int64_t> keys, steps;
-  std::vector<float> values, state;
-  std::vector<char> bytes;
+// An append-only byte buffer, not zero-filled (a piece is written over once).
+class Bytes {
+ public:
+  char* extend(size_t n) {
+    if (size_ + n > cap_) {
+      const size_t cap = std::max(size_ + n, cap_ * 2);
+      std::unique_ptr<char, FreeBytes> q(static_cast<char*>(std::malloc(cap)));
+      if (q == nullptr) throw std::bad_alloc();
+      if (size_ > 0) std::memcpy(q.get(), p_.get(), size_);
+      p_ = std::move(q);
+      cap_ = cap;
+    }
+    char* out = p_.get() + size_;
+    size_ += n;
+    return out;
+  }
+  void reserve(size_t n) {
+    if (n > cap_) {
+      const size_t size = size_;
+      extend(n - size_);
+      size_ = size;
+    }
+  }
+  const char* data() const { return p_.get(); }
+  size_t size() const { return size_; }
 
-  void clear() {
-    keys.clear();
-    steps.clear();
-    values.clear();
-    state.clear();
-  }
-  // The block's bytes, counts after the rows.
-  const std::vector<char>& assemble(const PendingRow* pend, size_t m) {
-    const size_t n = keys.size();
-    bytes.resize(n * sizeof(int64_t) + (values.size() + state.size()) * sizeof(float) +
-                 n * sizeof(int64_t) + m * kPendingBytes);
-    char* p = bytes.data();
-    const auto put = [&p](const void* src, size_t len) {
-      if (len > 0) std::memcpy(p, src, len);
-      p += len;
-    };
-    put(keys.data(), n * sizeof(int64_t));
-    put(values.data(), values.size() * sizeof(float));
-    put(state.data(), n * sizeof(float));
-    put(steps.data(), n * sizeof(int64_t));
-    for (size_t j = 0; j < m; ++j) put(&pend[j].key, sizeof(int64_t));
-    for (size_t j = 0; j < m; ++j) put(&pend[j].count, sizeof(int64_t));
-    for (size_t j = 0; j < m; ++j) put(&pend[j].last_seen, sizeof(int64_t));
-    return bytes;
-  }
+ private:
+  struct FreeBytes {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, FreeBytes> p_;
+  size_t size_ = 0, cap_ = 0;
 };
 
-// Writes partitions [lo, hi) as blocks from `off` on, merging the DRAM rows (read under the
-// stripe locks) with the SSD tier's (a range scan in the file's own order; where a row is in
-// both, DRAM's is the current one); fills their counts and checksums.  Returns the end offset.
-uint64_t write_piece(const ShardTable& table, uint32_t lo, uint32_t hi,
-                     const std::vector<PendingRow>& pending, size_t* next_pending, int fd,
-                     uint64_t off, FileHeader& h, const std::string& path) {
-  std::vector<Place> places;
-  uint64_t n = 0;
-  for (uint32_t p = lo; p < hi; ++p) n += h.partition_rows[p];
-  places.reserve(n);
-  table.for_each_key([&](int64_t key) {
-    const uint32_t p = partition_of(key);
-    if (p >= lo && p < hi) places.push_back(Place{p, key});
-  });
-  std::sort(places.begin(), places.end());
-  // After the DRAM keys: a row evicted meanwhile is on SSD by then (table.h).
-  std::unique_ptr<TierStore::Cursor> cur = table.ssd_cursor(hi, true);
-  if (cur) cur->seek(lo, false, 0);
+// What the save knows before the pieces are built: the DRAM keys bucketed by partition (one
+// pass over the index instead of one per piece) and the counts, sorted.
+struct SavePlan {
+  std::vector<uint64_t> key_start;    // kNumPartitions + 1 offsets into keys
+  std::vector<int64_t> keys;          // DRAM keys, partition by partition (sorted per piece)
+  std::vector<PendingRow> pending;    // sorted by (partition, key)
+  std::vector<size_t> pending_start;  // kNumPartitions + 1 offsets into pending
+  std::vector<uint32_t> first;        // pieces: partitions [first[i], first[i + 1])
+};
+
+// Appends partition p's block (checkpoint_format.h, version 2) to out, merging the DRAM rows
+// (read under the stripe locks) with the SSD tier's from `cur` (a range scan in the file's own
+// order; where a row is in both, DRAM's is the current one).  Sets the partition's counts and
+// checksum in h.
+void append_block(const ShardTable& table, uint32_t p, const int64_t* dkeys, size_t dn,
+                  const PendingRow* pend, size_t m, TierStore::Cursor* cur, Bytes& out,
+                  FileHeader& h) {
   const uint32_t dim = table.dim();
-  Block blk;
-  std::vector<int64_t> dkeys, dsteps;
-  std::vector<float> dvalues, dstate;
-  size_t i = 0, pi = *next_pending;
-  for (uint32_t p = lo; p < hi; ++p) {
-    dkeys.clear();
-    for (; i < places.size() && places[i].partition == p; ++i) dkeys.push_back(places[i].key);
-    const size_t dn = dkeys.size();
-    dvalues.resize(dn * dim);
-    dstate.resize(dn);
-    dsteps.resize(dn);
-    if (dn > 0) table.read(dkeys.data(), dn, dvalues.data(), dstate.data(), dsteps.data());
-    blk.clear();
+  const size_t start = out.size();
+  size_t n = dn;
+  if (cur == nullptr || !cur->valid() || cur->partition() != p) {
+    // DRAM rows only: read straight into the block's places.
+    char* b = out.extend(dn * block_row_bytes(dim, kFormatVersion));
+    if (dn > 0) std::memcpy(b, dkeys, dn * sizeof(int64_t));
+    char* values = b + dn * sizeof(int64_t);
+    char* state = values + dn * dim * sizeof(float);
+    char* steps = state + dn * sizeof(float);
+    if (dn > 0) table.read(dkeys, dn, values, state, steps);
+  } else {
+    std::vector<float> dvalues(dn * dim), dstate(dn);
+    std::vector<int64_t> dsteps(dn);
+    if (dn > 0) table.read(dkeys, dn, dvalues.data(), dstate.data(), dsteps.data());
+    std::vector<int64_t> keys, steps;
+    std::vector<float> values, state;
     size_t d = 0;
     const auto take_dram = [&] {
-      blk.keys.push_back(dkeys[d]);
-      blk.values.insert(blk.values.end(), &dvalues[d * dim], &dvalues[d * dim] + dim);
-      blk.state.push_back(dstate[d]);
-      blk.steps.push_back(dsteps[d]);
+      keys.push_back(dkeys[d]);
+      values.insert(values.end(), &dvalues[d * dim], &dvalues[d * dim] + dim);
+      state.push_back(dstate[d]);
+      steps.push_back(dsteps[d]);
       ++d;
     };
-    for (; cur && cur->valid() && cur->partition() == p; cur->next()) {
+    for (; cur->valid() && cur->partition() == p; cur->next()) {
       const int64_t k = cur->key();
       while (d < dn && dkeys[d] < k) take_dram();
       if (d < dn && dkeys[d] == k) {
         take_dram();  // the DRAM row; the SSD copy may be stale
         continue;
       }
-      blk.keys.push_back(k);
-      blk.values.resize(blk.values.size() + dim);
-      float state;
-      int64_t step;
-      table.ssd_decode(cur->value(), &blk.values[blk.values.size() - dim], &state, &step);
-      blk.state.push_back(state);
-      blk.steps.push_back(step);
+      keys.push_back(k);
+      values.resize(values.size() + dim);
+      state.emplace_back();
+      steps.emplace_back();
+      table.ssd_decode(cur->value(), &values[values.size() - dim], &state.back(), &steps.back());
     }
     while (d < dn) take_dram();
-    const size_t first_pending = pi;
-    while (pi < pending.size() && pending[pi].partition == p) ++pi;
-    const size_t m = pi - first_pending;
-    h.partition_rows[p] = blk.keys.size();
-    h.partition_pending[p] = m;
-    if (blk.keys.empty() && m == 0) continue;
-    const std::vector<char>& bytes = blk.assemble(pending.data() + first_pending, m);
-    h.partition_crc[p] = crc32_of(0, bytes.data(), bytes.size());
-    pwrite_all(fd, bytes.data(), bytes.size(), off, path);  // no lock held
-    off += bytes.size();
+    n = keys.size();
+    const auto put = [&out](const void* src, size_t len) {
+      if (len > 0) std::memcpy(out.extend(len), src, len);
+    };
+    put(keys.data(), n * sizeof(int64_t));
+    put(values.data(), values.size() * sizeof(float));
+    put(state.data(), n * sizeof(float));
+    put(steps.data(), n * sizeof(int64_t));
   }
-  *next_pending = pi;
-  return off;
+  if (m > 0) {
+    char* q = out.extend(m * kPendingBytes);
+    for (size_t j = 0; j < m; ++j, q += sizeof(int64_t)) std::memcpy(q, &pend[j].key, 8);
+    for (size_t j = 0; j < m; ++j, q += sizeof(int64_t)) std::memcpy(q, &pend[j].count, 8);
+    for (size_t j = 0; j < m; ++j, q += sizeof(int64_t)) std::memcpy(q, &pend[j].last_seen, 8);
+  }
+  h.partition_rows[p] = n;
+  h.partition_pending[p] = m;
+  h.partition_crc[p] = n + m > 0 ? crc32_of(0, out.data() + start, out.size() - start) : 0;
+}
+
+// Piece i of the plan: its partitions' blocks, one after the other.
+Bytes build_piece(const ShardTable& table, SavePlan& plan, size_t i, FileHeader& h) {
+  const uint32_t lo = plan.first[i], hi = plan.first[i + 1];
+  // Each piece sorts its own keys (the workers share the sorting).
+  for (uint32_t p = lo; p < hi; ++p)
+    std::sort(plan.keys.begin() + plan.key_start[p], plan.keys.begin() + plan.key_start[p + 1]);
+  // After the DRAM keys were listed: a row evicted since is on SSD by then (table.h).
+  std::unique_ptr<TierStore::Cursor> cur = table.ssd_cursor(hi, true);
+  if (cur) cur->seek(lo, false, 0);
+  Bytes out;
+  const size_t rows = plan.key_start[hi] - plan.key_start[lo];
+  out.reserve(rows * block_row_bytes(table.dim(), kFormatVersion) +
+              (plan.pending_start[hi] - plan.pending_start[lo]) * kPendingBytes);
+  for (uint32_t p = lo; p < hi; ++p)
+    append_block(table, p, plan.keys.data() + plan.key_start[p],
+                 plan.key_start[p + 1] - plan.key_start[p],
+                 plan.pending.data() + plan.pending_start[p],
+                 plan.pending_start[p + 1] - plan.pending_start[p], cur.get(), out, h);
+  return out;
+}
+
+SavePlan plan_save(const ShardTable& table, uint64_t ssd_rows) {
+  SavePlan plan;
+  std::vector<uint64_t> count(kNumPartitions + 1, 0);
+  table.for_each_key([&](int64_t key) { ++count[partition_of(key) + 1]; });
+  plan.key_start.assign(kNumPartitions + 1, 0);
+  for (uint32_t p = 0; p < kNumPartitions; ++p)
+    plan.key_start[p + 1] = plan.key_start[p] + count[p + 1];
+  const uint64_t dram_rows = plan.key_start[kNumPartitions];
+  plan.keys.resize(dram_rows);
+  std::vector<uint64_t> at(plan.key_start.begin(), plan.key_start.end() - 1);
+  // The table is frozen: no row is created meanwhile, but one may be evicted (and listed on
+  // SSD later); never write past a partition's count.
+  table.for_each_key([&](int64_t key) {
+    const uint32_t p = partition_of(key);
+    if (at[p] < plan.key_start[p + 1]) plan.keys[at[p]++] = key;
+  });
+  for (uint32_t p = 0; p < kNumPartitions; ++p) {  // (only if a row left DRAM in between)
+    if (at[p] == plan.key_start[p + 1]) continue;
+    plan.keys.erase(plan.keys.begin() + at[p], plan.keys.begin() + plan.key_start[p + 1]);
+    const uint64_t gap = plan.key_start[p + 1] - at[p];
+    for (uint32_t q = p + 1; q <= kNumPartitions; ++q) plan.key_start[q] -= gap;
+    for (uint32_t q = p + 1; q < kNumPartitions; ++q) at[q] -= gap;
+  }
+  table.for_each_pending([&](int64_t key, int64_t c, int64_t last_seen) {
+    plan.pending.push_back(PendingRow{partition_of(key), key, c, last_seen});
+  });
+  std::sort(plan.pending.begin(), plan.pending.end(), [](const PendingRow& a, const PendingRow& b) {
+    return a.partition != b.partition ? a.partition < b.partition : a.key < b.key;
+  });
+  plan.pending_start.assign(kNumPartitions + 1, 0);
+  for (const PendingRow& r : plan.pending) ++plan.pending_start[r.partition + 1];
+  for (uint32_t p = 0; p < kNumPartitions; ++p) plan.pending_start[p + 1] += plan.pending_start[p];
+  // Pieces of about kPieceBytes, the SSD rows assumed spread like the DRAM rows.
+  const double scale = dram_rows > 0 ? 1.0 + static_cast<double>(ssd_rows) / dram_rows : 1.0;
+  std::vector<double> weight(kNumPartitions);
+  for (uint32_t p = 0; p < kNumPartitions; ++p)
+    weight[p] = dram_rows > 0 ? scale * (plan.key_start[p + 1] - plan.key_start[p])
+                              : static_cast<double>(ssd_rows) / kNumPartitions;
+  const double row_bytes = static_cast<double>(block_row_bytes(table.dim(), kFormatVersion));
+  plan.first = plan_pieces(weight, std::max(1.0, kPieceBytes / row_bytes));
+  return plan;
 }
 
 }  // namespace
@@ -207,30 +272,24 @@ SaveResult save_shard(const ShardTable& table, const ShardTable::Frozen&, const 
   h.fixed.num_shards = meta.num_shards;
   h.fixed.step = meta.step;
   h.table = meta.table;
-  // DRAM rows per partition first (they plan the pieces); write_piece sets the final counts.
   h.partition_rows.assign(kNumPartitions, 0);
   h.partition_pending.assign(kNumPartitions, 0);
   h.partition_crc.assign(kNumPartitions, 0);
-  uint64_t dram_rows = 0;
-  table.for_each_key([&](int64_t key) { ++h.partition_rows[partition_of(key)]; });
-  for (uint64_t r : h.partition_rows) dram_rows += r;
-  std::vector<PendingRow> pending;
-  table.for_each_pending([&](int64_t key, int64_t count, int64_t last_seen) {
-    pending.push_back(PendingRow{partition_of(key), key, count, last_seen});
-  });
-  std::sort(pending.begin(), pending.end(), [](const PendingRow& a, const PendingRow& b) {
-    return a.partition != b.partition ? a.partition < b.partition : a.key < b.key;
-  });
-  const uint64_t row_bytes = block_row_bytes(table.dim(), kFormatVersion);
-  const uint64_t piece_bytes = std::max(kMinPieceBytes, dram_rows * row_bytes / kMaxPieces);
-  const std::vector<uint32_t> first = plan_pieces(h.partition_rows, piece_bytes / row_bytes);
+  const TierStats tiers = table.tier_stats();
+  SavePlan plan = plan_save(table, tiers.rows_ssd);
   SaveResult res;
   try {
-    uint64_t off = header_size(static_cast<uint32_t>(h.table.size()));
-    size_t next_pending = 0;
-    for (size_t i = 0; i + 1 < first.size(); ++i)
-      off =
-          write_piece(table, first[i], first[i + 1], pending, &next_pending, f->get(), off, h, tmp);
+    DirectWriter out(tmp, header_size(static_cast<uint32_t>(h.table.size())));
+    {
+      // Workers gather and checksum the next pieces while this thread writes one.
+      OrderedPipeline<Bytes> pieces(plan.first.size() - 1, checkpoint_threads(), kPiecesAhead,
+                                    [&](size_t i) { return build_piece(table, plan, i, h); });
+      for (size_t i = 0; i + 1 < plan.first.size(); ++i) {
+        const Bytes piece = pieces.next();
+        out.append(piece.data(), piece.size());
+      }
+    }
+    const uint64_t off = out.finish();
     res.bytes = off;
     for (uint64_t r : h.partition_rows) h.fixed.rows += r;
     const std::string head = encode_header(h);

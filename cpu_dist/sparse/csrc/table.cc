@@ -124,7 +124,8 @@ uint32_t ShardTable::new_slot(Slots& s) const {
 uint32_t ShardTable::take_slot(Slots& s, int64_t key) const {
   const bool reuse = !s.free.empty();
   const uint32_t slot = reuse ? s.free.back() : new_slot(s);
-  s.index.emplace(key, slot);  // may throw: then the slot stays free
+  // may throw: then the slot stays free
+  if (!s.index.try_emplace(key, slot).second) return kNoSlot;
   if (reuse) {
     s.free.pop_back();
   } else {

@@ -226,7 +226,8 @@ class ShardTable {
   uint8_t* flags_ptr(const Slots& s, uint32_t slot) const;
 
   // ---- slots (table.cc); the caller holds the stripe's lock ----
-  // A slot for `key` (absent), in the index, flags kUsed.  Throws TableFull or bad_alloc.
+  // A slot for `key`, in the index, flags kUsed; kNoSlot (nothing changed) when the key is
+  // already there.  Throws TableFull or bad_alloc.
   uint32_t take_slot(Slots& s, int64_t key) const;
   uint32_t new_slot(Slots& s) const;            // throws TableFull or bad_alloc
   void release(Slots& s, uint32_t slot) const;  // cannot fail

@@ -5,12 +5,18 @@
 // rows in DRAM are clean copies that leave DRAM without a write.
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "table.h"
 
 namespace cpu_dist::ps {
+
+namespace {
+constexpr size_t kParallelStageRows = 512;  // a thread start costs about as much as 20 rows
+}  // namespace
 
 std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows) const {
   if (tiers_.memory_rows > 0 && !store_ && expected_rows > tiers_.memory_rows)
@@ -49,24 +55,52 @@ void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* va
     if (step != kNoStep) staged.rules.restore_row(keys[i], step);
   }
   // One stripe at a time: its index stays in cache while it grows.
-  constexpr size_t kAhead = 8;
-  for (size_t s = 0; s < stripes_.size(); ++s) {
-    Slots& sl = staged.stripes[s];
-    const std::vector<uint32_t>& rows = dram[s];
-    for (size_t q = 0; q < rows.size(); ++q) {
-      if (q + kAhead < rows.size()) __builtin_prefetch(values + size_t{rows[q + kAhead]} * dim_);
-      const size_t i = rows[q];
-      if (sl.index.contains(keys[i]))
-        throw std::invalid_argument(absl::StrCat("duplicate key ", keys[i]));
-      const uint32_t slot = take_slot(sl, keys[i]);
-      std::memcpy(row_ptr(sl, slot), values + i * dim_, dim_ * sizeof(float));
-      *state_ptr(sl, slot) = state[i];
-      *step_ptr(sl, slot) = steps != nullptr ? steps[i] : kNoStep;
-      if (staged.store) {
-        *flags_ptr(sl, slot) |= kOnSsd;  // a clean copy
-        ++sl.copies;
+  const auto insert = [&](size_t first_stripe, size_t end_stripe) {
+    constexpr size_t kAhead = 8;
+    for (size_t s = first_stripe; s < end_stripe; ++s) {
+      Slots& sl = staged.stripes[s];
+      const std::vector<uint32_t>& rows = dram[s];
+      for (size_t q = 0; q < rows.size(); ++q) {
+        if (q + kAhead < rows.size()) {
+          const size_t ahead = rows[q + kAhead];
+          __builtin_prefetch(values + ahead * dim_);
+          sl.index.prefetch(keys[ahead]);
+        }
+        const size_t i = rows[q];
+        const uint32_t slot = take_slot(sl, keys[i]);
+        if (slot == kNoSlot) throw std::invalid_argument(absl::StrCat("duplicate key ", keys[i]));
+        std::memcpy(row_ptr(sl, slot), values + i * dim_, dim_ * sizeof(float));
+        *state_ptr(sl, slot) = state[i];
+        *step_ptr(sl, slot) = steps != nullptr ? steps[i] : kNoStep;
+        if (staged.store) {
+          *flags_ptr(sl, slot) |= kOnSsd;  // a clean copy
+          ++sl.copies;
+        }
       }
     }
+  };
+  // The stripes are independent: a big block is inserted by two threads (measured: inserting
+  // was most of a restore's time, on one core).
+  const size_t S = stripes_.size();
+  if (n < kParallelStageRows || S < 2) {
+    insert(0, S);
+  } else {
+    std::exception_ptr helper_error;
+    std::thread helper([&] {
+      try {
+        insert(0, S / 2);
+      } catch (...) {
+        helper_error = std::current_exception();
+      }
+    });
+    try {
+      insert(S / 2, S);
+    } catch (...) {
+      helper.join();
+      throw;
+    }
+    helper.join();
+    if (helper_error) std::rethrow_exception(helper_error);
   }
   staged.rows += n;
 }
