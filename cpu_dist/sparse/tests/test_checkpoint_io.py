@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 
-
 def fill(cl, n: int, dim: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     for lo in range(0, n, 250_000):
