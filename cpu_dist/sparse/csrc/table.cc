@@ -111,10 +111,15 @@ uint32_t ShardTable::new_slot(Slots& s) const {
     size_t total = 0;
     for (size_t b = 0; b <= s.blocks.size(); ++b) total += block_rows(b);
     s.free.reserve(total);  // so that release() never allocates
-    const size_t rows = block_rows(s.blocks.size());
-    // malloc, not value-initialising new: untouched tails must not become resident.
-    Block b(static_cast<char*>(std::malloc(rows * slot_bytes_)));
-    if (b == nullptr) throw std::bad_alloc();
+    Block b;
+    if (!s.spare.empty()) {
+      b = std::move(s.spare.back());
+      s.spare.pop_back();
+    } else {
+      // malloc, not value-initialising new: untouched tails must not become resident.
+      b.reset(static_cast<char*>(std::malloc(block_rows(s.blocks.size()) * slot_bytes_)));
+      if (b == nullptr) throw std::bad_alloc();
+    }
     s.blocks.push_back(std::move(b));  // owned before push_back can throw: no leak
     s.used_in_last = 0;
   }

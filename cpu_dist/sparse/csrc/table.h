@@ -169,6 +169,7 @@ class ShardTable {
                   const int64_t* steps, size_t n) const;
   void stage_pending(Staged& st, int64_t key, int64_t count, int64_t last_seen) const;
   void finish_staged(Staged& st) const;
+  void prefault_blocks(Staged& st, size_t rows_per_stripe) const;
   void adopt(Staged& st);  // the live rows become st's (and st holds the old ones)
 
   uint64_t rows() const;
@@ -191,6 +192,7 @@ class ShardTable {
     std::vector<Block> blocks;
     uint32_t used_in_last = 0;   // slots ever used in blocks.back()
     std::vector<uint32_t> free;  // released slots (capacity kept: release never allocates)
+    std::vector<Block> spare;    // blocks a load faulted in ahead, the next one last
     uint32_t hand_block = 0, hand_off = 0;  // CLOCK hand
     uint64_t copies = 0;                    // rows in DRAM with a copy in the SSD tier
     uint64_t ssd_keys = 0;                  // keys of this stripe in the SSD tier
