@@ -26,7 +26,7 @@ from cpu_dist.common.contracts import TABLE
 from cpu_dist.serving.bundle import BundleWriter, ModelSpec, spec_from_dense_state
 from cpu_dist.sparse import Client, Server
 
-PAGE_BYTES = 16 << 20
+PAGE_BYTES = 48 << 20
 
 
 def export_from_client(

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <iterator>
 #include <memory>
-#include <queue>
 
 #include "hashing.h"
 
@@ -25,28 +24,43 @@ bool after(const Place& p, const PageCursor& c) {
   return !c.after_key_set || p.key > c.after_key;
 }
 
-// The `limit` smallest places after the cursor, ascending, and whether more exist.
+// The `limit` smallest places after the cursor, ascending, and whether more exist.  One pass
+// over the DRAM keys, bucketed by partition: while more than `limit` are held beyond the
+// cursor's own partition, the highest partitions are dropped whole (so memory is the page plus
+// at most one partition), and each page costs one pass, not one pass with a heap.
 std::vector<Place> smallest_after(const ShardTable& table, const PageCursor& from, size_t limit,
-                                  bool* more) {
-  std::priority_queue<Place> heap;  // max-heap: the largest kept place on top
+                                  bool* more, uint32_t* held_end) {
+  std::vector<std::vector<int64_t>> bucket(kNumPartitions);
+  uint32_t& end = *held_end = kNumPartitions;  // partitions from `end` on are not held
+  size_t held = 0;
   *more = false;
   table.for_each_key([&](int64_t key) {
-    const Place p{partition_of(key), key};
-    if (!after(p, from)) return;
-    if (heap.size() < limit) {
-      heap.push(p);
-    } else if (p < heap.top()) {
-      heap.pop();
-      heap.push(p);
+    const uint32_t p = partition_of(key);
+    if (p >= end) {
       *more = true;
-    } else {
-      *more = true;
+      return;
+    }
+    if (!after(Place{p, key}, from)) return;
+    bucket[p].push_back(key);
+    ++held;
+    while (held > limit && end - 1 > from.partition) {
+      --end;
+      if (!bucket[end].empty()) *more = true;
+      held -= bucket[end].size();
+      std::vector<int64_t>().swap(bucket[end]);
     }
   });
-  std::vector<Place> out(heap.size());
-  for (size_t i = out.size(); i > 0; --i) {
-    out[i - 1] = heap.top();
-    heap.pop();
+  std::vector<Place> out;
+  out.reserve(std::min(held, limit));
+  for (uint32_t p = from.partition; p < end && out.size() < limit; ++p) {
+    std::sort(bucket[p].begin(), bucket[p].end());
+    for (int64_t k : bucket[p]) {
+      if (out.size() == limit) {
+        *more = true;
+        break;
+      }
+      out.push_back(Place{p, k});
+    }
   }
   // The SSD tier after DRAM (a row moving meanwhile is then seen at least once: table.h): its
   // key order is the page order, so its first `limit` rows after the cursor are a range scan.
@@ -54,9 +68,9 @@ std::vector<Place> smallest_after(const ShardTable& table, const PageCursor& fro
   if (!cur) return out;
   std::vector<Place> ssd;
   cur->seek(from.partition, from.after_key_set, from.after_key);
-  for (; ssd.size() < limit && cur->valid(); cur->next())
+  for (; ssd.size() < limit && cur->valid() && cur->partition() < end; cur->next())
     ssd.push_back(Place{cur->partition(), cur->key()});
-  if (ssd.size() == limit && cur->valid()) *more = true;
+  if (cur->valid() && (ssd.size() == limit || cur->partition() >= end)) *more = true;
   std::vector<Place> merged;
   merged.reserve(out.size() + ssd.size());
   std::set_union(out.begin(), out.end(), ssd.begin(), ssd.end(), std::back_inserter(merged));
@@ -72,10 +86,14 @@ std::vector<Place> smallest_after(const ShardTable& table, const PageCursor& fro
 PageKeys select_page(const ShardTable& table, const PageCursor& from, size_t max_rows) {
   max_rows = std::max<size_t>(max_rows, 1);
   bool more = false;
-  std::vector<Place> places = smallest_after(table, from, max_rows + 1, &more);
+  uint32_t held_end = kNumPartitions;
+  std::vector<Place> places = smallest_after(table, from, max_rows + 1, &more, &held_end);
   PageKeys page;
-  more = more || places.size() > max_rows;
-  if (more) {
+  if (more && places.size() <= max_rows) {
+    // Every row of the partitions before held_end is here, none after: a page edge.
+    page.done = false;
+    page.next = PageCursor{held_end, false, 0};
+  } else if (places.size() > max_rows) {
     const Place next = places[max_rows];
     places.resize(max_rows);
     page.done = false;
