@@ -86,6 +86,9 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         help="seconds workers wait for each other (a step, a commit that needs "
         "every worker, the end of the job); checkpoints add --checkpoint-timeout",
     )
+
+
+def _add_client_flags(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("PS client")
     c.add_argument("--ps-max-keys-per-rpc", type=int, default=ClientConfig.max_keys_per_rpc)
     c.add_argument(
@@ -368,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _add_job_flags(p)
+    _add_client_flags(p)
     add_data_flags(p)
     _add_model_flags(p)
     _add_train_flags(p)
