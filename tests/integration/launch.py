@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from cpu_dist.common.launch_env import mpi_env
+from cpu_dist.train.reference import train_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 MPI_ENV = {**mpi_env(), "PYTHONUNBUFFERED": "1"}  # this environment + scripts/env.sh
@@ -35,6 +37,35 @@ SMALL = [
     "--print-freq",
     "5",
 ]
+
+
+def small_reference(
+    dataset,
+    steps: int = 20,
+    batch_size: int = 96,
+    sparse_optimizer: str = "sgd",
+    dense_optimizer: str = "sgd",
+    **rules: int,
+) -> dict:
+    """The single-process reference with SMALL's model and learning rates (and the job's
+    default seeds and init scale); ``rules``: admit_after, expire_after."""
+    return train_reference(
+        dataset=dataset,
+        steps=steps,
+        batch_size=batch_size,
+        dim=8,
+        bot_mlp=[16, 8],
+        top_mlp=[16, 1],
+        seed=0,
+        lr=0.1,
+        sparse_lr=0.1,
+        dense_optimizer=dense_optimizer,
+        sparse_optimizer=sparse_optimizer,
+        init_scale=8**-0.5,
+        init_seed=0,
+        dtype=torch.float32,
+        **rules,
+    )
 
 
 def mpirun(np_: int, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:

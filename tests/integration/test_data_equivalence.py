@@ -9,14 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from cpu_dist.data import make_dataset
 from cpu_dist.data.convert import convert
 from cpu_dist.data.generate import write_days, write_file
-from cpu_dist.train.reference import train_reference
 
-from .launch import train
+from .launch import small_reference, train
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,22 +23,7 @@ HASHING = ["--max-ind-range", "50000"]
 
 
 def reference(dataset, steps: int, batch_size: int = 96) -> dict:
-    return train_reference(
-        dataset=dataset,
-        steps=steps,
-        batch_size=batch_size,
-        dim=8,
-        bot_mlp=[16, 8],
-        top_mlp=[16, 1],
-        seed=0,
-        lr=0.1,
-        sparse_lr=0.1,
-        dense_optimizer="sgd",
-        sparse_optimizer="sgd",
-        init_scale=8**-0.5,
-        init_seed=0,
-        dtype=torch.float32,
-    )
+    return small_reference(dataset, steps, batch_size)
 
 
 def assert_close(got: dict, want: dict, rtol: float) -> None:

@@ -10,32 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from cpu_dist.data import make_dataset
-from cpu_dist.train.reference import train_reference
 
-from .launch import train
+from .launch import small_reference, train
 
 pytestmark = pytest.mark.timeout(900)
 
 
 def reference(sparse_optimizer: str, dense_optimizer: str = "sgd") -> dict:
-    return train_reference(
-        dataset=make_dataset("synthetic", seed=0),
-        steps=20,
-        batch_size=96,
-        dim=8,
-        bot_mlp=[16, 8],
-        top_mlp=[16, 1],
-        seed=0,
-        lr=0.1,
-        sparse_lr=0.1,
-        dense_optimizer=dense_optimizer,
+    return small_reference(
+        make_dataset("synthetic", seed=0),
         sparse_optimizer=sparse_optimizer,
-        init_scale=8**-0.5,
-        init_seed=0,
-        dtype=torch.float32,
+        dense_optimizer=dense_optimizer,
     )
 
 
@@ -164,21 +151,6 @@ def test_real_criteo_rows_train_and_equal_the_reference(runs):
         "8",
     ]
     got = train(tmp, "criteo", 2, 2, flags)
-    want = train_reference(
-        dataset=make_dataset("criteo", path=sample),
-        steps=8,
-        batch_size=16,
-        dim=8,
-        bot_mlp=[16, 8],
-        top_mlp=[16, 1],
-        seed=0,
-        lr=0.1,
-        sparse_lr=0.1,
-        dense_optimizer="sgd",
-        sparse_optimizer="sgd",
-        init_scale=8**-0.5,
-        init_seed=0,
-        dtype=torch.float32,
-    )
+    want = small_reference(make_dataset("criteo", path=sample), steps=8, batch_size=16)
     assert (got["sparse_keys"] >> 32).max() == 25  # keys of all 26 features, fused
     assert_same_model(got, want, rtol=1e-5)

@@ -21,16 +21,15 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-import torch
 
 from cpu_dist.common.tokens import read_token_file, write_token_file
 from cpu_dist.data import make_dataset
 from cpu_dist.sparse import Client
 from cpu_dist.testing.shards import standalone_shards
 from cpu_dist.train import reference as reference_module
-from cpu_dist.train.reference import TableRules, train_reference
+from cpu_dist.train.reference import TableRules
 
-from .launch import SMALL, mpirun, train
+from .launch import SMALL, mpirun, small_reference, train
 from .test_equivalence import assert_same_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -132,21 +131,10 @@ def rules_reference(optimizer: str, admit: int, expire: int, steps: int = 20):
     mp = pytest.MonkeyPatch()
     mp.setattr(reference_module, "TableRules", CountingRules)
     try:
-        want = train_reference(
-            dataset=make_dataset("synthetic", seed=0),
-            steps=steps,
-            batch_size=96,
-            dim=8,
-            bot_mlp=[16, 8],
-            top_mlp=[16, 1],
-            seed=0,
-            lr=0.1,
-            sparse_lr=0.1,
-            dense_optimizer="sgd",
+        want = small_reference(
+            make_dataset("synthetic", seed=0),
+            steps,
             sparse_optimizer=optimizer,
-            init_scale=8**-0.5,
-            init_seed=0,
-            dtype=torch.float32,
             admit_after=admit,
             expire_after=expire,
         )

@@ -25,21 +25,32 @@ def grad(rank: int, step: int) -> float:
     return float(1 + rank + 3 * step)  # distinct per (rank, step): a lost or doubled one shows
 
 
-@pytest.mark.parametrize("k", [0, K])
-def test_every_step_is_applied_once_with_every_workers_chunks(k):
+def committer(k: int, exchange_ids: bool = False):
+    """On a fresh job: (roles, client, this worker's SGD committer with staleness k), or None
+    on the PS ranks."""
     job = start_job(DIM, SEED, SCALE)
     if job is None:
-        return
+        return None
     roles, token, session_id, addresses = job
     client = Client(addresses, token, DIM)
     W, r = roles.role_size, roles.role_rank
-    keys = np.arange(40, dtype=np.int64)
     session = CommitSession(client, session_id, r, W, lr=LR, optimizer="sgd", barrier_timeout_s=60)
     up = SparseCommitter(
         session,
-        make_aggregation("ps", roles.comm),
+        make_aggregation("ps", roles.comm, exchange_ids=exchange_ids),
         make_handoff("async" if k else "pipelined", session, 60, staleness=k),
     )
+    return roles, client, up
+
+
+@pytest.mark.parametrize("k", [0, K])
+def test_every_step_is_applied_once_with_every_workers_chunks(k):
+    made = committer(k)
+    if made is None:
+        return
+    roles, client, up = made
+    W, r = roles.role_size, roles.role_rank
+    keys = np.arange(40, dtype=np.int64)
     for step in range(STEPS):
         up.wait_for_read(step)
         if r == W - 1:
@@ -60,19 +71,12 @@ def test_every_step_is_applied_once_with_every_workers_chunks(k):
 def test_early_pulls_hold_every_commit_the_async_rule_needs():
     """AsyncPrefetchPipeline pulls step t+1's rows during step t; what a read returns must
     still hold every commit up to t-1-K (else the pipeline waits and pulls again)."""
-    job = start_job(DIM, SEED, SCALE)
-    if job is None:
+    made = committer(K, exchange_ids=True)
+    if made is None:
         return
-    roles, token, session_id, addresses = job
-    client = Client(addresses, token, DIM)
+    roles, client, up = made
     W, r = roles.role_size, roles.role_rank
     keys = np.arange(40, dtype=np.int64)
-    session = CommitSession(client, session_id, r, W, lr=LR, optimizer="sgd", barrier_timeout_s=60)
-    up = SparseCommitter(
-        session,
-        make_aggregation("ps", roles.comm, exchange_ids=True),
-        make_handoff("async", session, 60, K),
-    )
     pipe = AsyncPrefetchPipeline(client, up, PhaseTimer(), 60.0, writes_known=True)
     read = np.arange(60, dtype=np.int64)  # rows 40..59 are read, never written: pulled early
     init = row_init(SEED, read, DIM, SCALE).astype(np.float64)
