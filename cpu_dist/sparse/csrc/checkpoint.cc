@@ -301,7 +301,7 @@ LoadedRows load_for_shard(const std::vector<FileSpec>& files, const std::string&
   const LoadPlan plan = plan_load(files, table_name, dim, shard_index, num_shards);
   LoadedRows out;
   out.step = plan.step;
-  out.staged = table.new_staged(plan.rows);
+  out.staged = table.new_staged(plan.rows, checkpoint_threads());
   // Pass 2: the owned partition blocks, read (O_DIRECT where possible) and checked by worker
   // threads a few chunks ahead, staged by this thread in partition order.
   std::vector<std::unique_ptr<Fd>> fds;

@@ -88,24 +88,18 @@ struct PendingRow {
 class Bytes {
  public:
   char* extend(size_t n) {
-    if (size_ + n > cap_) {
-      const size_t cap = std::max(size_ + n, cap_ * 2);
-      std::unique_ptr<char, FreeBytes> q(static_cast<char*>(std::malloc(cap)));
-      if (q == nullptr) throw std::bad_alloc();
-      if (size_ > 0) std::memcpy(q.get(), p_.get(), size_);
-      p_ = std::move(q);
-      cap_ = cap;
-    }
+    if (size_ + n > cap_) reserve(std::max(size_ + n, cap_ * 2));
     char* out = p_.get() + size_;
     size_ += n;
     return out;
   }
-  void reserve(size_t n) {
-    if (n > cap_) {
-      const size_t size = size_;
-      extend(n - size_);
-      size_ = size;
-    }
+  void reserve(size_t cap) {
+    if (cap <= cap_) return;
+    std::unique_ptr<char, FreeBytes> q(static_cast<char*>(std::malloc(cap)));
+    if (q == nullptr) throw std::bad_alloc();
+    if (size_ > 0) std::memcpy(q.get(), p_.get(), size_);
+    p_ = std::move(q);
+    cap_ = cap;
   }
   const char* data() const { return p_.get(); }
   size_t size() const { return size_; }

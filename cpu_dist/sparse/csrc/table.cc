@@ -171,6 +171,19 @@ void ShardTable::group_by_stripe(const int64_t* keys, size_t n, std::vector<uint
   for (size_t i = 0; i < n; ++i) order[pos[sid[i]]++] = static_cast<uint32_t>(i);
 }
 
+size_t ShardTable::ssd_get_missing(const Slots& s, const int64_t* keys, const uint32_t* order,
+                                   const std::vector<uint32_t>& missing,
+                                   std::vector<int64_t>& mkeys, std::vector<char>& values,
+                                   std::vector<uint8_t>& found) const {
+  if (!store_ || s.ssd_keys <= s.copies) return 0;
+  const size_t vb = store_->value_bytes();
+  mkeys.resize(missing.size());
+  for (size_t q = 0; q < missing.size(); ++q) mkeys[q] = keys[order[missing[q]]];
+  values.resize(missing.size() * vb);
+  store_->get(mkeys.data(), mkeys.size(), values.data(), &found);
+  return vb;
+}
+
 void ShardTable::gather(const int64_t* keys, size_t n, void* out) const {
   gather_impl(keys, n, out, nullptr, nullptr, true);
 }
@@ -230,14 +243,8 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
     }
     if (missing.empty()) continue;
     // Rows not in DRAM: from the SSD tier when it holds rows of this stripe, else first-touch.
-    const bool ssd = store_ && st.s.ssd_keys > st.s.copies;
-    const size_t vb = ssd ? store_->value_bytes() : 0;
-    if (ssd) {
-      mkeys.resize(missing.size());
-      for (size_t q = 0; q < missing.size(); ++q) mkeys[q] = keys[order[missing[q]]];
-      values.resize(missing.size() * vb);
-      store_->get(mkeys.data(), mkeys.size(), values.data(), &found);
-    }
+    const size_t vb = ssd_get_missing(st.s, keys, order.data(), missing, mkeys, values, found);
+    const bool ssd = vb > 0;
     size_t hits = 0;
     for (size_t q = 0; q < missing.size(); ++q) {
       const uint32_t i = order[missing[q]];

@@ -163,13 +163,13 @@ class ShardTable {
   // may throw (a duplicate key, TableFull, MemoryFull, TierError, bad_alloc); the live table is
   // untouched until adopt(), which cannot fail.
   class Staged;
-  std::unique_ptr<Staged> new_staged(size_t expected_rows) const;
+  // `threads` fault the new DRAM tier's memory in (table_load.cc).
+  std::unique_ptr<Staged> new_staged(size_t expected_rows, size_t threads = 1) const;
   // steps may be null (a version 1 file: kNoStep).
   void stage_rows(Staged& st, const int64_t* keys, const float* values, const float* state,
                   const int64_t* steps, size_t n) const;
   void stage_pending(Staged& st, int64_t key, int64_t count, int64_t last_seen) const;
   void finish_staged(Staged& st) const;
-  void prefault_blocks(Staged& st, size_t rows_per_stripe) const;
   void adopt(Staged& st);  // the live rows become st's (and st holds the old ones)
 
   uint64_t rows() const;
@@ -231,6 +231,15 @@ class ShardTable {
   // A slot for `key`, in the index, flags kUsed; kNoSlot (nothing changed) when the key is
   // already there.  Throws TableFull or bad_alloc.
   uint32_t take_slot(Slots& s, int64_t key) const;
+  // Faults in, with `threads` threads, the blocks rows_per_stripe rows per stripe fill
+  // (table_load.cc), handed to new_slot as the stripes' spare blocks.
+  void prefault_blocks(Staged& st, size_t rows_per_stripe, size_t threads) const;
+  // The SSD tier's values of keys[order[missing[q]]] (a stripe's rows not in DRAM) into
+  // values, found[q] whether each is there.  Returns the bytes of one value, or 0 (nothing
+  // looked up) when the stripe has no row that is only on SSD.
+  size_t ssd_get_missing(const Slots& s, const int64_t* keys, const uint32_t* order,
+                         const std::vector<uint32_t>& missing, std::vector<int64_t>& mkeys,
+                         std::vector<char>& values, std::vector<uint8_t>& found) const;
   uint32_t new_slot(Slots& s) const;            // throws TableFull or bad_alloc
   void release(Slots& s, uint32_t slot) const;  // cannot fail
   uint32_t insert_first_touch(Slots& s, int64_t key) const;

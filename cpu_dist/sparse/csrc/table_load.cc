@@ -20,7 +20,8 @@ namespace {
 constexpr size_t kParallelStageRows = 512;  // a thread start costs about as much as 20 rows
 }  // namespace
 
-std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows) const {
+std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows,
+                                                           size_t threads) const {
   if (tiers_.memory_rows > 0 && !store_ && expected_rows > tiers_.memory_rows)
     throw MemoryFull(absl::StrCat("the checkpoint holds ", expected_rows,
                                   " rows for this shard, over --ps-memory-rows ",
@@ -33,11 +34,11 @@ std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows)
   if (store_ && tiers_.memory_rows > 0) in_dram = std::min<uint64_t>(in_dram, tiers_.memory_rows);
   const size_t per = in_dram / stripes_.size();
   for (Slots& s : st->stripes) s.index.reserve(per + per / 16 + 16);
-  prefault_blocks(*st, per - per / 32);
+  prefault_blocks(*st, per - per / 32, std::max<size_t>(threads, 1));
   return st;
 }
 
-void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe) const {
+void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t threads) const {
   // The blocks that rows_per_stripe rows fill (a little under each stripe's share, so that
   // almost none is left unused), faulted in now by every core: in a VM, memory the process
   // never touched arrives at 0.5-0.9 GB/s per thread (measured), and a restore of a big table
@@ -55,7 +56,6 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe) const {
     }
     std::reverse(s.spare.begin(), s.spare.end());
   }
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 4);
   const auto fault = [&](size_t first) {
     const size_t page = 4096;
     for (size_t i = first; i < todo.size(); i += threads) {

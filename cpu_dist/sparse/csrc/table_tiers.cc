@@ -184,14 +184,8 @@ void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
         *flags_ptr(st.s, it->second) |= pin;
       }
       if (missing.empty()) continue;
-      const bool ssd = store_ && st.s.ssd_keys > st.s.copies;
-      const size_t vb = ssd ? store_->value_bytes() : 0;
-      if (ssd) {
-        mkeys.resize(missing.size());
-        for (size_t q = 0; q < missing.size(); ++q) mkeys[q] = keys[order[missing[q]]];
-        values.resize(missing.size() * vb);
-        store_->get(mkeys.data(), mkeys.size(), values.data(), &found);
-      }
+      const size_t vb = ssd_get_missing(st.s, keys, order.data(), missing, mkeys, values, found);
+      const bool ssd = vb > 0;
       for (size_t q = 0; q < missing.size(); ++q) {
         const uint32_t j = missing[q];
         const int64_t key = keys[order[j]];
