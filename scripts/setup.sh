@@ -6,7 +6,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
-              protobuf-compiler zlib1g-dev cmake g++ pkg-config clang-format librocksdb-dev)
+              protobuf-compiler zlib1g-dev cmake g++ pkg-config clang-format librocksdb-dev
+              libisal-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

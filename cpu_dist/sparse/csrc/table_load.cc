@@ -6,10 +6,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "table.h"
@@ -40,65 +44,86 @@ std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows,
 
 void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t threads) const {
   // The blocks that rows_per_stripe rows fill (a little under each stripe's share, so that
-  // almost none is left unused), faulted in now by every core: in a VM, memory the process
-  // never touched arrives at 0.5-0.9 GB/s per thread (measured), and a restore of a big table
-  // was mostly waiting for it, one page fault at a time, on the inserting threads.
-  std::vector<std::pair<char*, size_t>> todo;
+  // almost none is left unused), faulted in by every core while the load reads: in a VM,
+  // memory the process never touched arrives at 0.5-0.9 GB/s per thread (measured), and a
+  // restore of a big table was mostly waiting for it, one page fault at a time, on the
+  // inserting threads.  Block b of every stripe comes before block b+1 of any: the order the
+  // inserts use them in, so the faults stay ahead of them.
+  std::vector<std::vector<std::pair<char*, size_t>>> by_block;
   for (Slots& s : staged.stripes) {
     size_t covered = 0;
     for (size_t b = 0; covered < rows_per_stripe && b < max_blocks_; ++b) {
       const size_t bytes = block_rows(b) * slot_bytes_;
       Block blk(static_cast<char*>(std::malloc(bytes)));
       if (blk == nullptr) throw std::bad_alloc();
-      todo.emplace_back(blk.get(), bytes);
+      if (by_block.size() <= b) by_block.resize(b + 1);
+      by_block[b].emplace_back(blk.get(), bytes);
       s.spare.push_back(std::move(blk));
       covered += block_rows(b);
     }
     std::reverse(s.spare.begin(), s.spare.end());
   }
-  const auto fault = [&](size_t first) {
-    const size_t page = 4096;
-    for (size_t i = first; i < todo.size(); i += threads) {
-      const uintptr_t lo = (reinterpret_cast<uintptr_t>(todo[i].first) + page - 1) / page * page;
-      const uintptr_t hi =
-          (reinterpret_cast<uintptr_t>(todo[i].first) + todo[i].second) / page * page;
-      if (hi > lo && ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0)
-        continue;
-      for (uintptr_t a = lo; a < hi; a += page) *reinterpret_cast<volatile char*>(a) = 0;
+  std::vector<std::pair<uintptr_t, uintptr_t>> pages;  // whole pages of each block, in order
+  constexpr uintptr_t kPage = 4096;
+  for (const auto& blocks : by_block)
+    for (const auto& [ptr, bytes] : blocks) {
+      const uintptr_t lo = (reinterpret_cast<uintptr_t>(ptr) + kPage - 1) / kPage * kPage;
+      const uintptr_t hi = (reinterpret_cast<uintptr_t>(ptr) + bytes) / kPage * kPage;
+      if (hi > lo) pages.emplace_back(lo, hi);
     }
+  const auto populate = [](const std::pair<uintptr_t, uintptr_t>& r) {
+    return ::madvise(reinterpret_cast<void*>(r.first), r.second - r.first, MADV_POPULATE_WRITE) ==
+           0;
   };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(fault, t);
-  fault(0);
-  for (std::thread& t : pool) t.join();
+  if (pages.empty()) return;
+  if (!populate(pages.front())) {
+    // A kernel before 5.14: touch every page now, before any row is written (a write in the
+    // background could race an insert).
+    for (const auto& [lo, hi] : pages)
+      for (uintptr_t a = lo; a < hi; a += kPage) *reinterpret_cast<volatile char*>(a) = 0;
+    return;
+  }
+  // MADV_POPULATE_WRITE never changes a page that is there, so it may run beside the inserts.
+  auto shared = std::make_shared<std::vector<std::pair<uintptr_t, uintptr_t>>>(std::move(pages));
+  auto next = std::make_shared<std::atomic<size_t>>(1);
+  std::atomic<bool>* stop = &staged.prefault_stop;
+  for (size_t t = 0; t < threads; ++t)
+    staged.prefault.emplace_back([shared, next, stop, populate] {
+      for (size_t i; !stop->load(std::memory_order_relaxed) &&
+                     (i = next->fetch_add(1, std::memory_order_relaxed)) < shared->size();)
+        populate((*shared)[i]);
+    });
 }
 
 void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* values,
                             const float* state, const int64_t* steps, size_t n) const {
-  // Where each row goes, in the order the rows come (ascending, which the SSD files need).
-  std::vector<std::vector<uint32_t>> dram(stripes_.size());
-  std::vector<uint64_t> planned(stripes_.size(), 0);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t s = stripe_of(keys[i]);
-    Slots& sl = staged.stripes[s];
-    const int64_t step = steps != nullptr ? steps[i] : kNoStep;
-    if (sl.index.size() + planned[s] < stripes_[s].cap) {
-      dram[s].push_back(static_cast<uint32_t>(i));
-      ++planned[s];
+  // The SSD tier and the expiry buckets take every row, in the order the rows come
+  // (ascending, which the SSD files need).
+  if (staged.store || (steps != nullptr && staged.rules.expiring())) {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t step = steps != nullptr ? steps[i] : kNoStep;
+      if (staged.store) {  // without an SSD tier every cap is unbounded
+        if (!staged.loader) staged.loader = std::make_unique<TierStore::BulkLoader>(*staged.store);
+        staged.loader->add(keys[i], values + i * dim_, state[i], step);
+        ++staged.stripes[stripe_of(keys[i])].ssd_keys;
+      }
+      if (step != kNoStep) staged.rules.restore_row(keys[i], step);
     }
-    if (staged.store) {  // without an SSD tier every cap is unbounded
-      if (!staged.loader) staged.loader = std::make_unique<TierStore::BulkLoader>(*staged.store);
-      staged.loader->add(keys[i], values + i * dim_, state[i], step);
-      ++sl.ssd_keys;
-    }
-    if (step != kNoStep) staged.rules.restore_row(keys[i], step);
   }
-  // One stripe at a time: its index stays in cache while it grows.
-  const auto insert = [&](size_t first_stripe, size_t end_stripe) {
+  // DRAM: stripes [first, end) by one thread, one stripe at a time (its index stays in cache
+  // while it grows); each thread picks its stripes' rows itself, so nothing runs alone.
+  const auto insert = [&](size_t first, size_t end) {
+    std::vector<std::vector<uint32_t>> dram(end - first);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t s = stripe_of(keys[i]);
+      if (s < first || s >= end) continue;
+      if (staged.stripes[s].index.size() + dram[s - first].size() < stripes_[s].cap)
+        dram[s - first].push_back(static_cast<uint32_t>(i));
+    }
     constexpr size_t kAhead = 8;
-    for (size_t s = first_stripe; s < end_stripe; ++s) {
+    for (size_t s = first; s < end; ++s) {
       Slots& sl = staged.stripes[s];
-      const std::vector<uint32_t>& rows = dram[s];
+      const std::vector<uint32_t>& rows = dram[s - first];
       for (size_t q = 0; q < rows.size(); ++q) {
         if (q + kAhead < rows.size()) {
           const size_t ahead = rows[q + kAhead];
@@ -150,6 +175,7 @@ void ShardTable::stage_pending(Staged& staged, int64_t key, int64_t count,
 }
 
 void ShardTable::finish_staged(Staged& staged) const {
+  staged.stop_prefault();
   for (Slots& s : staged.stripes) s.spare.clear();  // what the estimate made too many
   if (!staged.loader) return;
   staged.loader->finish();
@@ -157,6 +183,7 @@ void ShardTable::finish_staged(Staged& staged) const {
 }
 
 void ShardTable::adopt(Staged& staged) {
+  staged.stop_prefault();
   std::unique_lock<std::shared_mutex> writer(update_mu_);
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(stripes_.size());
