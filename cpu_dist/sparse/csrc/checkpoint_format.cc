@@ -2,7 +2,6 @@
 
 #include <isa-l/crc.h>
 
-#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 

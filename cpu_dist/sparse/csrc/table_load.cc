@@ -49,29 +49,28 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
   // restore of a big table was mostly waiting for it, one page fault at a time, on the
   // inserting threads.  Block b of every stripe comes before block b+1 of any: the order the
   // inserts use them in, so the faults stay ahead of them.
-  std::vector<std::vector<std::pair<char*, size_t>>> by_block;
+  using Pages = std::pair<uintptr_t, uintptr_t>;  // the whole pages of one block
+  constexpr uintptr_t kPage = 4096;
+  std::vector<std::vector<Pages>> by_block;
   for (Slots& s : staged.stripes) {
     size_t covered = 0;
     for (size_t b = 0; covered < rows_per_stripe && b < max_blocks_; ++b) {
       const size_t bytes = block_rows(b) * slot_bytes_;
       Block blk(static_cast<char*>(std::malloc(bytes)));
       if (blk == nullptr) throw std::bad_alloc();
+      const uintptr_t lo = (reinterpret_cast<uintptr_t>(blk.get()) + kPage - 1) / kPage * kPage;
+      const uintptr_t hi = (reinterpret_cast<uintptr_t>(blk.get()) + bytes) / kPage * kPage;
       if (by_block.size() <= b) by_block.resize(b + 1);
-      by_block[b].emplace_back(blk.get(), bytes);
+      if (hi > lo) by_block[b].emplace_back(lo, hi);
       s.spare.push_back(std::move(blk));
       covered += block_rows(b);
     }
     std::reverse(s.spare.begin(), s.spare.end());
   }
-  std::vector<std::pair<uintptr_t, uintptr_t>> pages;  // whole pages of each block, in order
-  constexpr uintptr_t kPage = 4096;
-  for (const auto& blocks : by_block)
-    for (const auto& [ptr, bytes] : blocks) {
-      const uintptr_t lo = (reinterpret_cast<uintptr_t>(ptr) + kPage - 1) / kPage * kPage;
-      const uintptr_t hi = (reinterpret_cast<uintptr_t>(ptr) + bytes) / kPage * kPage;
-      if (hi > lo) pages.emplace_back(lo, hi);
-    }
-  const auto populate = [](const std::pair<uintptr_t, uintptr_t>& r) {
+  std::vector<Pages> pages;
+  for (const std::vector<Pages>& blocks : by_block)
+    pages.insert(pages.end(), blocks.begin(), blocks.end());
+  const auto populate = [](const Pages& r) {
     return ::madvise(reinterpret_cast<void*>(r.first), r.second - r.first, MADV_POPULATE_WRITE) ==
            0;
   };
@@ -84,8 +83,8 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
     return;
   }
   // MADV_POPULATE_WRITE never changes a page that is there, so it may run beside the inserts.
-  auto shared = std::make_shared<std::vector<std::pair<uintptr_t, uintptr_t>>>(std::move(pages));
-  auto next = std::make_shared<std::atomic<size_t>>(1);
+  auto shared = std::make_shared<std::vector<Pages>>(std::move(pages));
+  auto next = std::make_shared<std::atomic<size_t>>(1);  // the first is populated above
   std::atomic<bool>* stop = &staged.prefault_stop;
   for (size_t t = 0; t < threads; ++t)
     staged.prefault.emplace_back([shared, next, stop, populate] {
@@ -183,7 +182,6 @@ void ShardTable::finish_staged(Staged& staged) const {
 }
 
 void ShardTable::adopt(Staged& staged) {
-  staged.stop_prefault();
   std::unique_lock<std::shared_mutex> writer(update_mu_);
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(stripes_.size());
