@@ -90,6 +90,8 @@ class Commits(Protocol):
 class CachedRowReader:
     """The cache stage as a step pipeline (``cpu_dist.train.pipelines.StepPipeline``)."""
 
+    prefetch_early = False  # its prefetch plans from the rows the last step wrote
+
     def __init__(
         self,
         client,

@@ -50,6 +50,17 @@ class PSError(RuntimeError):
 
 def partition_of(keys: npt.ArrayLike) -> npt.NDArray[np.int64]: ...
 def row_init(seed: int, keys: npt.ArrayLike, dim: int, scale: float) -> npt.NDArray[np.float32]: ...
+def apply_rows(
+    rows: npt.NDArray[np.float32],
+    sums: npt.ArrayLike,
+    lr: float,
+    optimizer: str,
+    divisor: float = 1.0,
+    states: npt.NDArray[np.float32] | None = None,
+) -> None:
+    """In place: rows (float32 [n, dim], C order) and states (row-wise Adagrad's float32 [n])
+    as a commit changes them on a shard, given the step's summed gradient rows and its world
+    size as divisor: the shard's arithmetic (csrc/row_update.h), so the bits agree."""
 
 class Server:
     def __init__(
@@ -123,6 +134,12 @@ class Handle(Generic[_T]):
     def committed_step(self) -> int | None:
         """Of a finished pull that named a session: the minimum committed step of the shards
         it touched (-1: none of them has one yet); None otherwise."""
+    def row_steps(self) -> npt.NDArray[np.int64] | None:
+        """Of a finished pull with row_steps: per row, the session step up to which the row
+        holds every commit of the session that touched it, and none after (int64 min where the
+        shard gave no bound); None otherwise."""
+    def row_states(self) -> npt.NDArray[np.float32] | None:
+        """Of a finished pull with row_states: per row, its optimizer state; None otherwise."""
 
 class Client:
     def __init__(
@@ -168,9 +185,12 @@ class Client:
         *,
         compression: Compression | None = None,
         session: int | None = None,
+        row_steps: bool = False,
+        row_states: bool = False,
     ) -> Handle[npt.NDArray[np.float32]]:
         """Like pull, at once; wait() returns the rows, committed_step() what the shards
-        reported for `session`."""
+        reported for `session`; with row_steps and row_states (they need `session`),
+        row_steps() and row_states() what each row holds."""
     def last_pull_committed(self) -> int | None:
         """Of the last blocking pull that named a session (any thread): the minimum committed
         step of the shards it touched (-1: none has one); None before one or when it touched

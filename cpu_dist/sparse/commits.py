@@ -271,26 +271,33 @@ class SparseCommitter:
         self.handoff.collect(step - 1)
         self.session.wait_applied(step - 1)
 
-    def wait_for_read(self, step: int) -> None:
+    def wait_for_read(self, step: int, record: bool = True) -> None:
         """Block until a read of ``step`` may go ahead: every commit up to step-1-K applied
-        (K = the hand-off's staleness; K=0 is :meth:`wait_readable`).  Records how many of
-        the previous steps' commits the read does not see."""
+        (K = the hand-off's staleness; K=0 is :meth:`wait_readable`).  Records (``record``)
+        how many of the previous steps' commits the read does not see."""
         k = self.handoff.staleness
         if k == 0:
             self.wait_readable(step)
-            self.staleness_seen.append(0)
+            if record:
+                self.staleness_seen.append(0)
             return
         self.drain()
         if self.committed < step - 1:
             self.handoff.collect(step - 1 - k)
-            self.session.wait_applied(step - 1 - k, refresh=True)
-        self.staleness_seen.append(max(0, step - 1 - self.committed))
+            self.session.wait_applied(step - 1 - k, refresh=record)
+        if record:
+            self.staleness_seen.append(max(0, step - 1 - self.committed))
 
     def staler_read(self, step: int, held: int) -> None:
         """The read of ``step`` that :meth:`wait_for_read` just recorded used rows that hold
         commits only up to job step ``held`` (early pulls): its staleness is theirs."""
         stale = max(0, step - 1 - held)
         self.staleness_seen[-1] = max(self.staleness_seen[-1], stale)
+
+    def caught_up_read(self) -> None:
+        """A read whose rows hold every earlier step although the shards may not have applied
+        them yet: the worker applied what they missed (``cpu_dist.sparse.catch_up``)."""
+        self.staleness_seen.append(0)
 
     def wait_applied(self, step: int) -> None:
         """Block until ``step`` is applied, without touching the hand-off's state: safe from

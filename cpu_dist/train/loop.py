@@ -41,8 +41,10 @@ from cpu_dist.train.pipelines import make_committer, make_pipeline
 # comes first, and a waiting worker leaves its core to the others instead of spinning in MPI.
 STRAGGLER_POLL_S = 1e-4
 
-# (keys [B/W, F], their sorted unique keys, dense features, labels) of this worker's slice.
-Prepared = tuple[torch.Tensor, np.ndarray, torch.Tensor, torch.Tensor]
+# (keys [B/W, F], their plan: (sorted unique keys, inverse), dense features, labels) of this
+# worker's slice.  The plan goes to the embedding only when its step runs, so the next step's
+# batch may be taken early (a pipeline that pulls during the whole step).
+Prepared = tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], torch.Tensor, torch.Tensor]
 
 
 def make_client(
@@ -136,17 +138,22 @@ class Worker:
         keys = torch.from_numpy(batch.keys)
         prepared = (
             keys,
-            self.embedding.use_plan(keys, self._batches.prepared),
+            self._batches.prepared,
             torch.from_numpy(batch.dense).to(self.dtype),
             torch.from_numpy(batch.labels).to(self.dtype),
         )
         self._batches.release()  # the loader makes the next batch during forward and backward
         return prepared
 
-    def _train_step(self, step: int, prepared: Prepared) -> torch.Tensor:
-        keys, unique, dense, labels = prepared
+    def _train_step(self, step: int, prepared: Prepared) -> tuple[torch.Tensor, Prepared | None]:
+        """Returns the step's loss and, when the pipeline wanted it early, the next batch."""
+        keys, plan, dense, labels = prepared
         timer = self.timer
+        unique = self.embedding.use_plan(keys, plan)
         rows = self.pipeline.read(step, unique)
+        ahead = None
+        if self.pipeline.prefetch_early and step + 1 < self.cfg.train.max_step:
+            ahead = self._ahead(step)  # its rows are pulled during this whole step
         with timer("forward"):
             self.dense.zero_grad()
             loss = self.loss_fn(self.model(dense, keys, rows=rows), labels)
@@ -162,7 +169,15 @@ class Worker:
                 )
         with timer("push"):
             self.pipeline.submit(step, *self.embedding.sparse_grads())
-        return loss
+        return loss, ahead
+
+    def _ahead(self, step: int) -> Prepared | None:
+        """The batch of ``step + 1``, its keys handed to the pipeline to read ahead."""
+        with self.timer("data"):
+            ahead = self._next_batch()
+        if ahead is not None:
+            self.pipeline.prefetch(step + 1, ahead[1][0])
+        return ahead
 
     def _dense_step(self) -> None:
         with self.timer("allreduce"):  # reduce (or reduce-scatter) the dense gradients
@@ -185,12 +200,9 @@ class Worker:
             if prepared is None:
                 steps = step
                 break
-            loss = self._train_step(step, prepared)
-            if step + 1 < cfg.train.max_step:  # the pipeline may start reading step + 1
-                with self.timer("data"):
-                    ahead = self._next_batch()
-                if ahead is not None:
-                    self.pipeline.prefetch(step + 1, ahead[1])
+            loss, ahead = self._train_step(step, prepared)
+            if not self.pipeline.prefetch_early and step + 1 < cfg.train.max_step:
+                ahead = self._ahead(step)  # the pipeline may start reading step + 1
             self._dense_step()
             window.samples += cfg.train.batch_size
             self.checkpointer.after_step(step)  # --checkpoint-every: at this step boundary

@@ -85,11 +85,12 @@ class FirstOccurrences {
   }
   const std::vector<uint32_t>& first() const { return first_; }
   bool has_duplicates() const { return first_.size() < uid_.size(); }
-  void copy_duplicates(float* out, uint32_t dim) const {
-    const size_t row_bytes = size_t{dim} * sizeof(float);
+  // out: `width` values per position.
+  template <class T>
+  void copy_duplicates(T* out, size_t width) const {
     for (size_t i = 0; i < uid_.size(); ++i) {
       const size_t f = first_[uid_[i]];
-      if (f != i) std::memcpy(out + i * dim, out + f * dim, row_bytes);
+      if (f != i) std::memcpy(out + i * width, out + f * width, width * sizeof(T));
     }
   }
 
@@ -100,9 +101,9 @@ class FirstOccurrences {
 
 // A PullResponse written by hand (service.cc): the values field's header, the rows of
 // part's keys encoded as `enc`, each decoded to its position in `out`, then (when the pull
-// named a session: `seen`) the committed_step field.
+// named a session: `seen`) the committed_step field and the per-row fields it asked for.
 grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint32_t dim,
-                          Encoding enc, CommittedSeen* seen, float* out) {
+                          Encoding enc, PullReport* seen, float* out) {
   const size_t row_bytes = encoded_row_bytes(enc, dim);
   auto malformed = [&](const std::string& why) {
     return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -135,6 +136,22 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
     if (!r.read_int64_field(PullResponse::kCommittedStepFieldNumber, &committed))
       return malformed(" and a committed_step (the pull named a session)");
     seen->note(committed);
+    if (seen->wants_steps()) {
+      if (!r.read_bytes_header(PullResponse::kRowStepsFieldNumber, &len) || len != part.n)
+        return malformed(absl::StrCat(" and ", part.n, " row_steps"));
+      std::vector<uint8_t> beyond(part.n);
+      if (!r.read(beyond.data(), part.n)) return malformed(" and row_steps (cut short)");
+      for (size_t j = 0; j < part.n; ++j)  // 255: no bound the reader may rely on
+        seen->steps()[part.idx[j]] = beyond[j] == 255 ? kUnknownStep : committed + beyond[j];
+    }
+    if (seen->wants_states()) {
+      if (!r.read_bytes_header(PullResponse::kRowStatesFieldNumber, &len) ||
+          len != part.n * sizeof(float))
+        return malformed(absl::StrCat(" and ", part.n, " row_states"));
+      for (size_t j = 0; j < part.n; ++j)
+        if (!r.read(seen->states() + part.idx[j], sizeof(float)))
+          return malformed(" and row_states (cut short)");
+    }
   }
   if (r.remaining() != 0) return malformed(absl::StrCat(": ", r.remaining(), " bytes too many"));
   return grpc::Status::OK;
@@ -290,7 +307,7 @@ void PsClient::run(Calls& calls, double timeout_s) {
 
 std::shared_ptr<AsyncOp> PsClient::run_async(Calls calls, std::function<void()> on_success,
                                              RowBuffer output,
-                                             std::shared_ptr<const CommittedSeen> seen) {
+                                             std::shared_ptr<const PullReport> seen) {
   auto op = std::make_shared<AsyncOp>(
       std::move(calls), [this](const Call& c) { return describe(c); }, std::move(on_success),
       std::move(output), std::move(seen));
@@ -345,7 +362,11 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   payload.keys = keys;
   payload.keys_field = PullRequest::kKeysFieldNumber;
   PullPlan plan;
-  if (po.session) plan.seen = std::make_shared<CommittedSeen>();
+  if ((po.row_steps || po.row_states) && !po.session)
+    throw std::invalid_argument("a pull's row_steps and row_states need a session");
+  if (po.session) plan.seen = std::make_shared<PullReport>(n, po.row_steps, po.row_states);
+  head.set_row_steps(po.row_steps);
+  head.set_row_states(po.row_states);
   for (const Part& p : split->parts()) {
     Call& c = add_part_call(plan.calls, p, kPull, TrafficKind::kPull, enc);
     c.idempotent = true;
@@ -355,7 +376,11 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
     };
   }
   if (firsts->has_duplicates())
-    plan.finish = [firsts, dim, out] { firsts->copy_duplicates(out, dim); };
+    plan.finish = [firsts, dim, out, seen = plan.seen] {
+      firsts->copy_duplicates(out, dim);
+      if (seen && seen->wants_steps()) firsts->copy_duplicates(seen->steps(), 1);
+      if (seen && seen->wants_states()) firsts->copy_duplicates(seen->states(), 1);
+    };
   return plan;
 }
 

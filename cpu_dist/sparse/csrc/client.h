@@ -59,6 +59,10 @@ struct ClientOptions {
 struct PullOptions {
   std::optional<Encoding> compression;
   std::optional<uint64_t> session;
+  // With session, pull_async only: per row, the session step up to which the row holds every
+  // commit (PullReport::steps), and its optimizer state (PullReport::states).
+  bool row_steps = false;
+  bool row_states = false;
 };
 
 // Gradient rows of a push or commit: keys[n], grads[n][dim].  Read before the call returns.
@@ -177,7 +181,7 @@ class PsClient {
   struct PullPlan {
     Calls calls;
     std::function<void()> finish;
-    std::shared_ptr<CommittedSeen> seen;
+    std::shared_ptr<PullReport> seen;
   };
   // Called with the calls of call_every_shard when any failed; must throw.
   using FailureHandler = std::function<void(const Calls&)>;
@@ -201,7 +205,7 @@ class PsClient {
   // Starts calls on the shared completion thread; the op tracks them.
   std::shared_ptr<AsyncOp> run_async(Calls calls, std::function<void()> on_success = {},
                                      RowBuffer output = {},
-                                     std::shared_ptr<const CommittedSeen> seen = {});
+                                     std::shared_ptr<const PullReport> seen = {});
   void async_loop();
   std::string describe(const Call& c) const;
   SplitLimits limits() const;

@@ -74,6 +74,13 @@ class CommitSessions {
 
   // Current committed step of a session (-1 if it never committed or is unknown).
   int64_t committed(uint64_t session) const;
+  // The committed step and the job step of the session's step 0 (its base_step), read
+  // together; base is 0 while nothing is committed (nothing of the session is in any row).
+  struct Position {
+    int64_t committed = -1;
+    int64_t base = 0;
+  };
+  Position position(uint64_t session) const;
 
   // Calls `done` at once (returning 0) if `step` is committed, otherwise registers a waiter
   // and returns its id (> 0); `done` then runs on commit or at expire_waiters past `deadline`.

@@ -62,7 +62,7 @@ TrafficCounts Traffic::snapshot() const {
 
 AsyncOp::AsyncOp(Calls calls, std::function<std::string(const Call&)> describe,
                  std::function<void()> on_success, RowBuffer output,
-                 std::shared_ptr<const CommittedSeen> seen)
+                 std::shared_ptr<const PullReport> seen)
     : calls_(std::move(calls)),
       remaining_(calls_.size()),
       done_(calls_.empty()),
@@ -130,6 +130,12 @@ std::optional<int64_t> AsyncOp::committed_seen() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_ || !error_.empty() || seen_ == nullptr) return std::nullopt;
   return seen_->value();
+}
+
+std::shared_ptr<const PullReport> AsyncOp::report() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_ || !error_.empty()) return nullptr;
+  return seen_;
 }
 
 }  // namespace cpu_dist::ps

@@ -72,10 +72,21 @@ class Traffic {
       retries_{0};
 };
 
-// The smallest committed step that the replies of one pull reported (a pull that names a
-// commit session): replies decode on several threads, so it is an atomic minimum.
-class CommittedSeen {
+// A PullReport step for a row whose reply gave no bound (row_steps 255).
+inline constexpr int64_t kUnknownStep = std::numeric_limits<int64_t>::min();
+
+// What the replies of one pull report beside its rows (a pull that names a commit session):
+// the smallest committed step (replies decode on several threads, so an atomic minimum) and,
+// when the pull asked for them, per row (at the row's position in the pull) the session step
+// up to which it holds every commit (PullResponse.row_steps) and its optimizer state.  The
+// decoders write disjoint positions of the per-row arrays.
+class PullReport {
  public:
+  PullReport(size_t n, bool steps, bool states)
+      : steps_(steps ? n : 0, 0),
+        states_(states ? n : 0, 0.0f),
+        want_steps_(steps),
+        want_states_(states) {}
   void note(int64_t step) {
     int64_t cur = min_.load(std::memory_order_relaxed);
     while (step < cur && !min_.compare_exchange_weak(cur, step, std::memory_order_relaxed)) {
@@ -86,10 +97,19 @@ class CommittedSeen {
     const int64_t v = min_.load(std::memory_order_relaxed);
     return v == kNone ? std::nullopt : std::optional<int64_t>(v);
   }
+  bool wants_steps() const { return want_steps_; }
+  bool wants_states() const { return want_states_; }
+  int64_t* steps() { return steps_.data(); }
+  float* states() { return states_.data(); }
+  const std::vector<int64_t>& steps() const { return steps_; }
+  const std::vector<float>& states() const { return states_; }
 
  private:
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   std::atomic<int64_t> min_{kNone};
+  std::vector<int64_t> steps_;
+  std::vector<float> states_;
+  bool want_steps_, want_states_;
 };
 
 class AsyncOp;
@@ -129,7 +149,7 @@ class AsyncOp {
   // its replies into, `seen` what its replies report committed steps to.
   AsyncOp(Calls calls, std::function<std::string(const Call&)> describe,
           std::function<void()> on_success = {}, RowBuffer output = {},
-          std::shared_ptr<const CommittedSeen> seen = {});
+          std::shared_ptr<const PullReport> seen = {});
   // True when done within timeout_s (< 0: forever).
   bool wait(double timeout_s);
   bool done();
@@ -142,6 +162,9 @@ class AsyncOp {
   // Of a successful pull_async that named a session, once done: the minimum committed step
   // over the shards it touched; nullopt otherwise.
   std::optional<int64_t> committed_seen();
+  // Of a successful pull_async that named a session, once done: all its replies reported;
+  // null otherwise.
+  std::shared_ptr<const PullReport> report();
   Calls& calls() { return calls_; }
   // Called by the completion thread once per call, after the call was settled; true when
   // this was the last call (the op is done).
@@ -157,7 +180,7 @@ class AsyncOp {
   std::function<std::string(const Call&)> describe_;
   std::function<void()> on_success_;
   RowBuffer output_;
-  std::shared_ptr<const CommittedSeen> seen_;
+  std::shared_ptr<const PullReport> seen_;
 };
 
 }  // namespace cpu_dist::ps

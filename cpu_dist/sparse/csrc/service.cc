@@ -257,47 +257,69 @@ Status PsService::do_pull(PullRequest& r, BB* resp) {
   PS_RETURN_IF_ERROR(check_rows(r.keys(), nullptr, &n));
   Encoding enc;
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
+  if (r.row_steps() && !r.has_session())
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  "Pull: row_steps needs a session (the steps are that session's)");
   counters_.pull_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.pull_keys.fetch_add(n, std::memory_order_relaxed);
   // Read before the rows are gathered: they hold at least every step up to it.
-  std::optional<int64_t> committed;
-  if (r.has_session()) committed = sessions_.committed(r.session());
-  return write_rows(reinterpret_cast<const int64_t*>(r.keys().data()), n, enc, committed, resp);
+  PullExtras extras{std::nullopt, r.row_steps(), r.row_states()};
+  if (r.has_session()) extras.session = sessions_.position(r.session());
+  return write_rows(reinterpret_cast<const int64_t*>(r.keys().data()), n, enc, extras, resp);
 }
 
-Status PsService::write_rows(const int64_t* keys, size_t n, Encoding enc,
-                             const std::optional<int64_t>& committed, BB* resp) const {
-  if (n == 0) {
-    PullResponse out;
-    if (committed) out.set_committed_step(*committed);
-    wire::serialize(out, resp);
-    return Status::OK;
-  }
-  // PullResponse by hand: the values field's header, then the rows gathered straight into
-  // the buffer (encoded through a cache-sized block when compressed), then committed_step.
-  // Refused before allocating when gRPC would refuse to send it anyway.
+namespace {
+
+// A row's PullResponse.row_steps byte: how many of the session's steps beyond `at` it holds.
+uint8_t steps_beyond(int64_t last_update, const CommitSessions::Position& at) {
+  if (at.committed < 0 || last_update == kNoStep) return 0;  // nothing of the session yet
+  const int64_t d = last_update - at.base - at.committed;
+  return static_cast<uint8_t>(std::clamp<int64_t>(d, 0, 255));
+}
+
+}  // namespace
+
+Status PsService::write_rows(const int64_t* keys, size_t n, Encoding enc, const PullExtras& extras,
+                             BB* resp) const {
+  const std::optional<int64_t> committed =
+      extras.session ? std::optional<int64_t>(extras.session->committed) : std::nullopt;
+  // PullResponse by hand: the values field's header, the rows gathered straight into the
+  // buffer (encoded through a cache-sized block when compressed), then committed_step,
+  // row_steps and row_states.  Refused before allocating when gRPC would refuse to send it.
   constexpr int kValues = PullResponse::kValuesFieldNumber;
   constexpr int kCommitted = PullResponse::kCommittedStepFieldNumber;
   const size_t row_bytes = encoded_row_bytes(enc, opts_.dim);
   const size_t payload = n * row_bytes;
-  const size_t reply_bytes = wire::bytes_field_size(kValues, payload) +
-                             (committed ? wire::int64_field_size(kCommitted, *committed) : 0);
+  const size_t steps_bytes = extras.steps ? n : 0;
+  const size_t states_bytes = extras.states ? n * sizeof(float) : 0;
+  const auto optional_bytes = [](int field, size_t len) {
+    return len > 0 ? wire::bytes_field_size(field, len) : 0;
+  };
+  const size_t reply_bytes = optional_bytes(kValues, payload) +
+                             (committed ? wire::int64_field_size(kCommitted, *committed) : 0) +
+                             optional_bytes(PullResponse::kRowStepsFieldNumber, steps_bytes) +
+                             optional_bytes(PullResponse::kRowStatesFieldNumber, states_bytes);
   if (reply_bytes > static_cast<size_t>(opts_.max_message_bytes))
     return Status(StatusCode::RESOURCE_EXHAUSTED,
                   absl::StrCat("Pull reply of ", reply_bytes, " bytes (", n, " keys x ",
                                row_bytes_text(enc, opts_.dim), ") exceeds max_message_bytes ",
                                opts_.max_message_bytes));
+  std::vector<int64_t> steps(steps_bytes > 0 ? n : 0);
+  std::vector<float> states(states_bytes > 0 ? n : 0);
+  float* state_out = states.empty() ? nullptr : states.data();
+  int64_t* step_out = steps.empty() ? nullptr : steps.data();
   uint8_t* p = wire::alloc_buffer(reply_bytes, resp);
-  p = wire::put_bytes_header(kValues, payload, p);
+  if (payload > 0) p = wire::put_bytes_header(kValues, payload, p);
   if (enc == Encoding::kNone) {
-    table_.gather(keys, n, p);
+    table_.gather(keys, n, p, state_out, step_out);
   } else {
     constexpr size_t kBlockFloats = 16384;  // 64 KiB of float32 rows at a time
     const size_t block = std::max<size_t>(1, kBlockFloats / opts_.dim);
     std::vector<float> rows(std::min(n, block) * opts_.dim);
     for (size_t b = 0; b < n; b += block) {
       const size_t m = std::min(block, n - b);
-      table_.gather(keys + b, m, rows.data());
+      table_.gather(keys + b, m, rows.data(), state_out ? state_out + b : nullptr,
+                    step_out ? step_out + b : nullptr);
       size_t bad = 0;
       CodecError err;
       if (!encode_rows(enc, rows.data(), m, opts_.dim, p + b * row_bytes, &bad, &err))
@@ -307,7 +329,16 @@ Status PsService::write_rows(const int64_t* keys, size_t n, Encoding enc,
                                    "; pull it with compression none"));
     }
   }
-  if (committed) wire::put_int64_field(kCommitted, *committed, p + payload);
+  p += payload;
+  if (committed) p = wire::put_int64_field(kCommitted, *committed, p);
+  if (steps_bytes > 0) {
+    p = wire::put_bytes_header(PullResponse::kRowStepsFieldNumber, steps_bytes, p);
+    for (size_t i = 0; i < n; ++i) *p++ = steps_beyond(steps[i], *extras.session);
+  }
+  if (states_bytes > 0) {
+    p = wire::put_bytes_header(PullResponse::kRowStatesFieldNumber, states_bytes, p);
+    std::memcpy(p, states.data(), states_bytes);
+  }
   return Status::OK;
 }
 

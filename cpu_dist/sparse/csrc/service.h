@@ -140,10 +140,16 @@ class PsService {
   // at them; INVALID_ARGUMENT naming `where` and the key when a row is no valid encoding.
   grpc::Status decode_grads(Encoding enc, const std::string& keys, std::string* grads,
                             const std::string& where) const;
-  // A pull's reply: the rows of keys[n] encoded as `enc`, then, with `committed`, the
-  // committed_step field.
-  grpc::Status write_rows(const int64_t* keys, size_t n, Encoding enc,
-                          const std::optional<int64_t>& committed, BB* resp) const;
+  // What a pull's reply carries beside its rows (PullRequest's session, row_steps and
+  // row_states): the session's position, read before the rows are gathered.
+  struct PullExtras {
+    std::optional<CommitSessions::Position> session;
+    bool steps = false;
+    bool states = false;
+  };
+  // A pull's reply: the rows of keys[n] encoded as `enc`, then the fields `extras` asks for.
+  grpc::Status write_rows(const int64_t* keys, size_t n, Encoding enc, const PullExtras& extras,
+                          BB* resp) const;
   grpc::Status check_update(float lr, int optimizer, OptimizerKind* kind) const;
   // Every gradient value finite; otherwise INVALID_ARGUMENT naming `where` and the key.
   grpc::Status check_finite(const std::string& keys, const std::string& grads,

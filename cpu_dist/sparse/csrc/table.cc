@@ -188,6 +188,11 @@ void ShardTable::gather(const int64_t* keys, size_t n, void* out) const {
   gather_impl(keys, n, out, nullptr, nullptr, true);
 }
 
+void ShardTable::gather(const int64_t* keys, size_t n, void* out, void* state_out,
+                        void* step_out) const {
+  gather_impl(keys, n, out, state_out, step_out, true);
+}
+
 void ShardTable::read(const int64_t* keys, size_t n, void* out, void* state_out,
                       void* step_out) const {
   gather_impl(keys, n, out, state_out, step_out, false);

@@ -98,6 +98,9 @@ class ShardTable {
   // inserted (a pull never grows the table).  Rows found only on SSD are brought into DRAM
   // (not while the table is frozen).  Throws TierError when the SSD tier cannot be read.
   void gather(const int64_t* keys, size_t n, void* out) const;
+  // A pull that also reports each row's accumulator (n floats) and last-update job step
+  // (n int64, kNoStep: none), read under the row's lock with it; either may be null.
+  void gather(const int64_t* keys, size_t n, void* out, void* state_out, void* step_out) const;
   // Like gather, with the accumulators (n floats) and last-update steps (n int64) when not
   // null (all may be unaligned), and without moving any row between tiers: Dump and Save.
   void read(const int64_t* keys, size_t n, void* out, void* state_out, void* step_out) const;

@@ -11,6 +11,7 @@
 #include "client.h"
 #include "commit.h"
 #include "convert.h"
+#include "handle.h"
 
 namespace cpu_dist::python {
 
@@ -65,47 +66,6 @@ void check_rank(uint32_t rank, uint32_t world_size) {
     throw py::value_error("rank must be in 0..world_size-1, got rank " + std::to_string(rank) +
                           " world_size " + std::to_string(world_size));
 }
-
-// Rows an operation owned, handed to numpy without a copy: the array frees them.
-py::array_t<float> owned_rows(ps::RowBuffer rows, py::ssize_t n, py::ssize_t dim) {
-  float* data = rows.get();
-  py::capsule owner(data, [](void* p) { std::free(p); });
-  rows.release();  // the capsule owns them now
-  return py::array_t<float>({n, dim}, data, owner);
-}
-
-// An asynchronous operation in flight.  Dropping it is safe: the client keeps the operation
-// (and the rows a pull decodes into) until its last RPC finished.
-class Handle {
- public:
-  // rows >= 0: a pull of that many keys, whose wait() returns the rows.
-  explicit Handle(std::shared_ptr<AsyncOp> op, py::ssize_t rows = -1, py::ssize_t dim = 0)
-      : op_(std::move(op)), rows_(rows), dim_(dim) {}
-
-  py::object wait(std::optional<double> timeout_s) {
-    const double t = to_timeout(timeout_s);
-    bool done;
-    {
-      py::gil_scoped_release release;
-      done = op_->wait(t);
-    }
-    if (!done) throw ps::WaitTimeout("operation not finished within " + std::to_string(t) + " s");
-    op_->raise_if_failed();
-    if (rows_ < 0) return py::none();
-    if (!result_) result_ = owned_rows(op_->take_output(), rows_, dim_);
-    return result_;
-  }
-  bool done() const { return op_->done(); }
-  // A pull that named a session, once done: the minimum committed step of the shards it
-  // touched (None otherwise).
-  std::optional<int64_t> committed_step() const { return op_->committed_seen(); }
-
- private:
-  std::shared_ptr<AsyncOp> op_;
-  py::ssize_t rows_;
-  py::ssize_t dim_;
-  py::object result_;  // the rows, once a wait() returned them
-};
 
 // A validated push/commit payload.  Built while the GIL is held; the pointers in `g` stay
 // valid while the arrays live, so the call that follows can run without the GIL.
@@ -307,9 +267,13 @@ void def_data_ops(ClientClass& cls) {
       .def(
           "pull_async",
           [](PsClient& c, const py::handle& keys, const std::optional<std::string>& compression,
-             std::optional<uint64_t> session) {
+             std::optional<uint64_t> session, bool row_steps, bool row_states) {
             KeysArray k = as_keys(keys);
-            const ps::PullOptions po = pull_options(compression, session);
+            ps::PullOptions po = pull_options(compression, session);
+            if ((row_steps || row_states) && !session)
+              throw py::value_error("pull_async: row_steps and row_states need a session");
+            po.row_steps = row_steps;
+            po.row_states = row_states;
             std::shared_ptr<AsyncOp> op;
             {
               py::gil_scoped_release release;
@@ -318,9 +282,11 @@ void def_data_ops(ClientClass& cls) {
             return Handle(std::move(op), k.shape(0), c.dim());
           },
           py::arg("keys"), py::kw_only(), py::arg("compression") = py::none(),
-          py::arg("session") = py::none(),
+          py::arg("session") = py::none(), py::arg("row_steps") = false,
+          py::arg("row_states") = false,
           "Like pull, at once: the Handle's wait() returns the rows (a new array), its "
-          "committed_step() what the shards reported for `session`.")
+          "committed_step() what the shards reported for `session`; with row_steps and "
+          "row_states (need `session`) its row_steps() and row_states() what each row holds.")
       .def("last_pull_committed", &PsClient::last_pull_committed,
            "Of the last blocking pull that named a session: the minimum committed step of the "
            "shards it touched (-1: none of them has one); None before such a pull or when it "
@@ -458,14 +424,7 @@ void bind_client(py::module_& m) {
       .def("__iter__", [](DumpPages& p) -> DumpPages& { return p; })
       .def("__next__", &DumpPages::next);
 
-  py::class_<Handle>(m, "Handle", "An asynchronous pull, push or commit in flight.")
-      .def("wait", &Handle::wait, py::arg("timeout_s") = py::none(),
-           "Wait until done: None for a push or commit, the rows for a pull.  Raises PSError "
-           "on failure, TimeoutError on timeout.")
-      .def("done", &Handle::done)
-      .def("committed_step", &Handle::committed_step,
-           "Of a finished pull that named a session: the minimum committed step of the shards "
-           "it touched (-1: none of them has one); None otherwise.");
+  bind_handle(m);
 
   const ps::ClientOptions defaults;  // the one definition of the keyword defaults
   ClientClass cls(m, "Client", "Client of a set of parameter-server shards.");

@@ -1,9 +1,14 @@
 // cpu_dist.sparse._ps: the parameter server and its client, bound for Python.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
 
 #include "bindings.h"
 #include "hashing.h"
+#include "row_update.h"
 
 namespace py = pybind11;
 
@@ -32,6 +37,35 @@ PYBIND11_MODULE(_ps, m) {
         return out;
       },
       "First-touch rows as the parameter server creates them (see hashing.h).");
+  m.def(
+      "apply_rows",
+      [](py::array_t<float, py::array::c_style> rows,
+         py::array_t<float, py::array::c_style | py::array::forcecast> sums, double lr,
+         const std::string& optimizer, double divisor,
+         std::optional<py::array_t<float, py::array::c_style>> states) {
+        const auto kind = cpu_dist::ps::optimizer_from_name(optimizer);
+        if (!kind) throw py::value_error("optimizer must be 'sgd' or 'rowwise_adagrad'");
+        if (rows.ndim() != 2 || sums.ndim() != 2 || rows.shape(0) != sums.shape(0) ||
+            rows.shape(1) != sums.shape(1))
+          throw py::value_error("apply_rows: rows and sums must be float32 [n, dim] alike");
+        const auto n = rows.shape(0);
+        float* st = nullptr;
+        if (states) {
+          if (states->ndim() != 1 || states->shape(0) != n)
+            throw py::value_error("apply_rows: states must be float32 [n]");
+          st = states->mutable_data();
+        }
+        float* r = rows.mutable_data();
+        const float* g = sums.data();
+        py::gil_scoped_release release;
+        cpu_dist::ps::apply_summed_rows(*kind, static_cast<float>(lr), static_cast<float>(divisor),
+                                        g, r, st, static_cast<size_t>(n),
+                                        static_cast<uint32_t>(rows.shape(1)));
+      },
+      py::arg("rows"), py::arg("sums"), py::arg("lr"), py::arg("optimizer"),
+      py::arg("divisor") = 1.0, py::arg("states") = py::none(),
+      "In place: rows (and states) as a commit changes them on the parameter server, given "
+      "the step's summed gradient rows and its world size as divisor (see row_update.h).");
   cpu_dist::python::bind_server(m);
   cpu_dist::python::bind_client(m);
 }

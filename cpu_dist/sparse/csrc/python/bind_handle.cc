@@ -1,0 +1,74 @@
+// cpu_dist.sparse._ps.Handle (handle.h).
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "convert.h"
+#include "handle.h"
+
+namespace cpu_dist::python {
+
+namespace {
+
+// Rows an operation owned, handed to numpy without a copy: the array frees them.
+py::array_t<float> owned_rows(ps::RowBuffer rows, py::ssize_t n, py::ssize_t dim) {
+  float* data = rows.get();
+  py::capsule owner(data, [](void* p) { std::free(p); });
+  rows.release();  // the capsule owns them now
+  return py::array_t<float>({n, dim}, data, owner);
+}
+
+template <class T>
+py::object copy_out(const std::vector<T>& v) {
+  py::array_t<T> out(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace
+
+py::object Handle::wait(std::optional<double> timeout_s) {
+  const double t = to_timeout(timeout_s);
+  bool done;
+  {
+    py::gil_scoped_release release;
+    done = op_->wait(t);
+  }
+  if (!done) throw ps::WaitTimeout("operation not finished within " + std::to_string(t) + " s");
+  op_->raise_if_failed();
+  if (rows_ < 0) return py::none();
+  if (!result_) result_ = owned_rows(op_->take_output(), rows_, dim_);
+  return result_;
+}
+
+py::object Handle::row_steps() const {
+  auto report = op_->report();
+  if (report == nullptr || !report->wants_steps()) return py::none();
+  return copy_out(report->steps());
+}
+
+py::object Handle::row_states() const {
+  auto report = op_->report();
+  if (report == nullptr || !report->wants_states()) return py::none();
+  return copy_out(report->states());
+}
+
+void bind_handle(py::module_& m) {
+  py::class_<Handle>(m, "Handle", "An asynchronous pull, push or commit in flight.")
+      .def("wait", &Handle::wait, py::arg("timeout_s") = py::none(),
+           "Wait until done: None for a push or commit, the rows for a pull.  Raises PSError "
+           "on failure, TimeoutError on timeout.")
+      .def("done", &Handle::done)
+      .def("committed_step", &Handle::committed_step,
+           "Of a finished pull that named a session: the minimum committed step of the shards "
+           "it touched (-1: none of them has one); None otherwise.")
+      .def("row_steps", &Handle::row_steps,
+           "Of a finished pull that asked for row_steps: int64 per row, the session step up "
+           "to which the row holds every commit of the session that touched it (and none "
+           "after); int64 min where the shard gave no bound.  None otherwise.")
+      .def("row_states", &Handle::row_states,
+           "Of a finished pull that asked for row_states: float32 per row, its optimizer "
+           "state (row-wise Adagrad's accumulator).  None otherwise.");
+}
+
+}  // namespace cpu_dist::python

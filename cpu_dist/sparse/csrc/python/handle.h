@@ -1,0 +1,45 @@
+// cpu_dist.sparse._ps.Handle: an asynchronous pull, push or commit in flight (ps-lite's
+// wait-on-a-handle shape).  Defined here so that bind_client.cc can return one; its Python
+// class is registered by bind_handle.cc.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <optional>
+
+#include "rpc_call.h"
+
+namespace cpu_dist::python {
+
+namespace py = pybind11;
+
+// An asynchronous operation in flight.  Dropping it is safe: the client keeps the operation
+// (and the rows a pull decodes into) until its last RPC finished.
+class Handle {
+ public:
+  // rows >= 0: a pull of that many keys, whose wait() returns the rows.
+  explicit Handle(std::shared_ptr<ps::AsyncOp> op, py::ssize_t rows = -1, py::ssize_t dim = 0)
+      : op_(std::move(op)), rows_(rows), dim_(dim) {}
+
+  py::object wait(std::optional<double> timeout_s);
+  bool done() const { return op_->done(); }
+  // A pull that named a session, once done: the minimum committed step of the shards it
+  // touched (None otherwise).
+  std::optional<int64_t> committed_step() const { return op_->committed_seen(); }
+  // A finished pull that asked for them: per row, the session step up to which the row holds
+  // every commit (int64 min: unknown), and the rows' optimizer states.  None otherwise.
+  py::object row_steps() const;
+  py::object row_states() const;
+
+ private:
+  std::shared_ptr<ps::AsyncOp> op_;
+  py::ssize_t rows_;
+  py::ssize_t dim_;
+  py::object result_;  // the rows, once a wait() returned them
+};
+
+void bind_handle(py::module_& m);  // bind_handle.cc
+
+}  // namespace cpu_dist::python

@@ -1,0 +1,119 @@
+"""Catching rows up on the worker (cpu_dist/sparse/catch_up.py) against a real shard: what a
+pull's row_steps say, and that applying the commits a row misses gives the shard's bits."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from cpu_dist.sparse import _ps
+from cpu_dist.sparse.catch_up import RecentCommits
+
+from .conftest import rng_grads
+
+pytestmark = pytest.mark.timeout(120)
+
+DIM = 8
+UNKNOWN = np.iinfo(np.int64).min
+
+
+def commit_step(client, session, step, grads_by_rank, keys, opt, lr=0.05, base=0):
+    """Every rank's chunk of one step (this test plays all ranks)."""
+    world = len(grads_by_rank)
+    for rank, g in enumerate(grads_by_rank):
+        client.commit(session, step, rank, world, keys, g, lr, opt, max_ahead=4, base_step=base)
+
+
+def pulled(client, keys, session, states=False):
+    h = client.pull_async(keys, session=session, row_steps=True, row_states=states)
+    rows = h.wait(20)
+    return rows, h.row_steps(), h.row_states()
+
+
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad"])
+def test_apply_rows_gives_the_shards_bits(cluster_factory, opt):
+    cl = cluster_factory(2, DIM).client()
+    rng = np.random.default_rng(0)
+    keys = np.arange(0, 400, 3, dtype=np.int64)
+    commit_step(cl, 1, 0, [rng_grads(rng, len(keys), DIM)] * 2, keys, opt)  # some state first
+    before, steps, states = pulled(cl, keys, 1, states=opt != "sgd")
+    assert (steps == 0).all()  # commit 0 is held, nothing after it
+    g = [rng_grads(rng, len(keys), DIM) * 1e-3 for _ in range(2)]
+    commit_step(cl, 1, 1, g, keys, opt)
+    _ps.apply_rows(before, g[0] + g[1], 0.05, opt, 2, states)  # the shard adds in rank order
+    after, steps, _ = pulled(cl, keys, 1)
+    np.testing.assert_array_equal(before, after)
+    assert (steps == 1).all()
+
+
+def test_row_steps_before_any_commit_and_for_rows_of_another_session(cluster_factory):
+    cl = cluster_factory(1, DIM).client()
+    keys = np.array([1, 2, 3], dtype=np.int64)
+    _, steps, states = pulled(cl, keys, 5)
+    np.testing.assert_array_equal(steps, [-1, -1, -1])  # nothing committed: -1 + 0
+    assert states is None
+    commit_step(cl, 5, 0, [np.ones((3, DIM), np.float32)], keys, "sgd")
+    # Session 6 starts at job step 10 and writes key 2: for session 5 (committed 0, base 0)
+    # that row holds "step 10", and key 3 written at job step 300 is beyond any bound.
+    commit_step(cl, 6, 0, [np.ones((1, DIM), np.float32)], keys[1:2], "sgd", base=10)
+    commit_step(cl, 7, 0, [np.ones((1, DIM), np.float32)], keys[2:], "sgd", base=300)
+    _, steps, _ = pulled(cl, keys, 5)
+    np.testing.assert_array_equal(steps, [0, 10, UNKNOWN])
+    with pytest.raises(ValueError, match="need a session"):
+        cl.pull_async(keys, row_steps=True)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad"])
+def test_pulls_during_commits_catch_up_to_the_final_rows(cluster_factory, opt):
+    """Pulls racing a stream of commits: whatever each pull caught (a commit applied during
+    it is in a row or not, per its row_steps), applying the rest gives the final bits."""
+    cl = cluster_factory(2, DIM).client()
+    rng = np.random.default_rng(1)
+    steps, lr, world = 30, 0.05, 2
+    plan = []
+    for _ in range(steps):
+        keys = np.unique(rng.integers(0, 300, 120)).astype(np.int64)
+        plan.append((keys, [rng_grads(rng, len(keys), DIM) for _ in range(world)]))
+    recent = RecentCommits(steps, lr, opt, world)
+    for s, (keys, g) in enumerate(plan):
+        recent.add(s, keys, g[0] + g[1])
+    probe = np.arange(300, dtype=np.int64)
+    seen = []
+    done = threading.Event()
+
+    def puller():
+        while not done.is_set():
+            seen.append(pulled(cl, probe, 3, states=opt != "sgd"))
+
+    t = threading.Thread(target=puller)
+    t.start()
+    try:
+        for s, (keys, g) in enumerate(plan):
+            commit_step(cl, 3, s, g, keys, opt, lr)
+    finally:
+        done.set()
+        t.join(30)
+    final, final_steps, _ = pulled(cl, probe, 3)
+    assert (final_steps == steps - 1).all()
+    caught = 0
+    for rows, held, states in seen:
+        assert recent.covers(held, steps - 1).all()
+        caught += recent.apply(probe, rows, held, steps - 1, states)
+        np.testing.assert_array_equal(rows, final)
+    assert len(seen) > 2 and caught > 0
+
+
+def test_compressed_commits_are_caught_up_as_the_shard_decodes_them():
+    recent = RecentCommits(2, 0.1, "sgd", 2, compression="int8")
+    g = np.linspace(-1, 1, 2 * DIM, dtype=np.float32).reshape(2, DIM) / 3
+    recent.add(0, np.array([4, 9], np.int64), g)
+    rows = np.zeros((2, DIM), np.float32)
+    recent.apply(np.array([4, 9], np.int64), rows, np.array([-1, 0], np.int64), 0)
+    shard_sees = _ps.decode_rows(_ps.encode_rows(g, "int8"), DIM, "int8")
+    want = np.zeros((1, DIM), np.float32)
+    _ps.apply_rows(want, shard_sees[:1], 0.1, "sgd", 2)
+    np.testing.assert_array_equal(rows[0], want[0])
+    np.testing.assert_array_equal(rows[1], 0)  # it held step 0 already
+    assert not recent.covers(np.array([-3]), 1).any()  # step 1 is not held
