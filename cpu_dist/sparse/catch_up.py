@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -35,7 +36,12 @@ class RecentCommits:
     """The last ``depth`` steps' summed gradients, and the catch-up they allow."""
 
     def __init__(
-        self, depth: int, lr: float, optimizer: str, world: int, compression: str = "none"
+        self,
+        depth: int,
+        lr: float,
+        optimizer: str,
+        world: int,
+        compression: Literal["none", "fp16", "int8"] = "none",
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")

@@ -20,7 +20,7 @@ Like TorchRec's train pipelines behind ``progress()``, each owns the sparse half
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -227,7 +227,7 @@ class CatchUpPipeline(DirectPipeline):
         committer: SparseCommitter,
         timer: PhaseTimer,
         timeout_s: float,
-        compression: str,
+        compression: Literal["none", "fp16", "int8"],
     ) -> None:
         super().__init__(client, committer, timer)
         self.timeout_s = timeout_s
