@@ -18,8 +18,10 @@ limited to --link-gbit Gbit/s in both directions with tc tbf.  Modes, each with 
 Samples/s come from each run's summary, the best of --rounds rounds (all modes once per
 round, so a busy spell of a shared machine slows one run of a mode, not all of them);
 bytes_per_step_<mode> is what worker 0's PS client moved per step (pulls + pushes, keys
-included; evaluation reads are not counted).  The last line is one JSON object with
-sps_<mode>, bytes_per_step_<mode> and the ratios the issue names.  Where this machine cannot
+included; evaluation reads are not counted); shard_cpu_ms_per_step_<mode> the shard's CPU
+time per step (it shares these cores).  The last line is one JSON object with sps_<mode>,
+bytes_per_step_<mode>, shard_cpu_ms_per_step_<mode>, the ratios the issue names, and
+unlimited_vs_sync: what the link costs in that run, which bounds every mode's gain.  Where this machine cannot
 make network namespaces the script says so and measures nothing.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -72,6 +75,14 @@ def cache_flags(steps: int, batch: int) -> list[str]:
     ]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (/proc/PID/stat fields 14 and 15).  The
+    emulated shard shares this machine's cores with the workers: what it spends here is
+    what the workers lose when its work overlaps theirs (the async and cache modes)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: float | None):
     host = lab.hosts[0]
     subprocess.run(["tc", "qdisc", "del", "dev", host.outer, "root"], capture_output=True)
@@ -85,7 +96,7 @@ def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: f
     def launch(argv):
         return lab.popen(host, argv, stdout=subprocess.PIPE, text=True)
 
-    with standalone_shards(token, 64, 1, hosts=[host.address], launch=launch) as (addrs, _):
+    with standalone_shards(token, 64, 1, hosts=[host.address], launch=launch) as (addrs, procs):
         cmd = [
             "mpirun",
             "-np",
@@ -118,6 +129,7 @@ def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: f
             *extra,
         ]
         proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=3600)
+        shard_cpu_s = cpu_seconds(procs[0].pid)  # the shard still runs: its whole session
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     s = [json.loads(x)["summary"] for x in out.read_text().splitlines() if '"summary"' in x][-1]
@@ -125,6 +137,7 @@ def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: f
         "samples_per_s": round(s["samples_per_s"], 1),
         "bytes_per_step": round((s["bytes_pulled"] + s["bytes_pushed"]) / s["steps"]),
         "staleness_mean": s.get("staleness_mean"),
+        "shard_cpu_ms_per_step": round(1000 * shard_cpu_s / s["steps"], 1),
     }
     print(name, json.dumps(r), flush=True)
     return r
@@ -174,8 +187,10 @@ def main() -> None:
     for name, r in res.items():
         line[f"sps_{name}"] = r["samples_per_s"]
         line[f"bytes_per_step_{name}"] = r["bytes_per_step"]
+        line[f"shard_cpu_ms_per_step_{name}"] = r["shard_cpu_ms_per_step"]
     sps = {k: v["samples_per_s"] for k, v in res.items()}
     for name, base in [
+        ("unlimited", "sync"),  # what the link costs in this run: no mode gains more than it
         ("int8", "sync"),
         ("async2", "sync"),
         ("async2", "sync_collective"),

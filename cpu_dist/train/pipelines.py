@@ -262,7 +262,9 @@ class CatchUpPipeline(DirectPipeline):
             states = None if r.states is None else r.states[at[kept]]
         self._ahead = _Ahead(step, unique, kept, rows, held, states, self._pull(unique[~kept]))
 
-    def _remember(self, step: int, unique: np.ndarray, rows: np.ndarray, states) -> None:
+    def _remember(
+        self, step: int, unique: np.ndarray, rows: np.ndarray, states: np.ndarray | None
+    ) -> None:
         """Add the rows read at ``step`` (as after commit step-1) to the recent ones, dropping
         what the kept steps will no longer cover."""
         held = np.full(len(unique), step - 1, dtype=np.int64)
