@@ -26,7 +26,8 @@ class ClientDefaults(TypedDict):
 
 # Bytes as they cross the wire, rows counted encoded (protobuf framing not counted).
 class Traffic(TypedDict):
-    bytes_pulled: int  # key bytes sent in Pull requests + row bytes received in Pull replies
+    bytes_pulled: int  # key bytes sent in Pull requests + row bytes (and row_steps/row_states)
+    # received in Pull replies
     bytes_pushed: int  # key + gradient bytes sent in Push and Commit requests
     keys_pulled: int
     keys_pushed: int

@@ -370,6 +370,8 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   for (const Part& p : split->parts()) {
     Call& c = add_part_call(plan.calls, p, kPull, TrafficKind::kPull, enc);
     c.idempotent = true;
+    // the per-row fields cross the wire too: one byte per row_step, a float per row_state
+    c.traffic_bytes += p.n * ((po.row_steps ? 1 : 0) + (po.row_states ? sizeof(float) : 0));
     (void)ShardSplit::serialize(p, head, payload, &c.request);  // keys only: cannot fail
     c.on_reply = [split, p, dim, enc, seen = plan.seen, out](Call& call) {
       return decode_reply(call.response, p, dim, enc, seen.get(), out);

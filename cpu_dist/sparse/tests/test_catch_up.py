@@ -65,6 +65,18 @@ def test_row_steps_before_any_commit_and_for_rows_of_another_session(cluster_fac
         cl.pull_async(keys, row_steps=True)
 
 
+def test_the_per_row_fields_count_as_pulled_bytes(cluster_factory):
+    cl = cluster_factory(2, DIM).client()
+    keys = np.arange(50, dtype=np.int64)
+    before = cl.traffic()["bytes_pulled"]
+    pulled(cl, keys, 1)
+    plain = cl.traffic()["bytes_pulled"] - before
+    assert plain == 50 * (8 + 4 * DIM + 1)  # key, float32 row, one row_steps byte
+    before = cl.traffic()["bytes_pulled"]
+    pulled(cl, keys, 1, states=True)
+    assert cl.traffic()["bytes_pulled"] - before == plain + 50 * 4
+
+
 @pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad"])
 def test_pulls_during_commits_catch_up_to_the_final_rows(cluster_factory, opt):
     """Pulls racing a stream of commits: whatever each pull caught (a commit applied during

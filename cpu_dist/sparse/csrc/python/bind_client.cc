@@ -336,7 +336,8 @@ void def_admin(ClientClass& cls) {
       .def(
           "traffic", [](const PsClient& c) { return traffic_dict(c.traffic()); },
           "Payload bytes and keys this client moved (successful RPCs), rows counted as encoded "
-          "on the wire: bytes_pulled (keys sent + rows received by pulls), bytes_pushed (keys "
+          "on the wire: bytes_pulled (keys sent + rows, row_steps and row_states received by "
+          "pulls), bytes_pushed (keys "
           "+ gradients sent by pushes and commits), keys_pulled, keys_pushed, and retries "
           "(pulls and commit chunks sent again after UNAVAILABLE).")
       .def("shutdown", &PsClient::shutdown, py::call_guard<py::gil_scoped_release>(),
