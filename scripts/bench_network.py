@@ -21,8 +21,8 @@ bytes_per_step_<mode> is what worker 0's PS client moved per step (pulls + pushe
 included; evaluation reads are not counted); shard_cpu_ms_per_step_<mode> the shard's CPU
 time per step (it shares these cores).  The last line is one JSON object with sps_<mode>,
 bytes_per_step_<mode>, shard_cpu_ms_per_step_<mode>, the ratios the issue names, and
-unlimited_vs_sync: what the link costs in that run, which bounds every mode's gain.  Where this machine cannot
-make network namespaces the script says so and measures nothing.
+unlimited_vs_sync: what the link costs in that run, which bounds every mode's gain.  Where
+this machine cannot make network namespaces the script says so and measures nothing.
 """
 
 from __future__ import annotations
