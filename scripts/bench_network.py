@@ -49,6 +49,7 @@ from cpu_dist.testing.shards import standalone_shards  # noqa: E402
 from gpu_cache import scan_trace  # noqa: E402
 from gpu_cache.storage import ROWS_PER_UNIT  # noqa: E402
 
+INT8 = ["--ps-compression", "int8"]
 COLLECTIVE = ["--aggregation", "collective"]
 # Async K=2 under collective aggregation: reads pulled during the step before, caught up on the
 # worker (cpu_dist/sparse/catch_up.py).
@@ -57,7 +58,7 @@ ASYNC2 = ["--sparse-sync", "async", "--max-staleness", "2", *COLLECTIVE]
 # step 1.3 MB the link is no longer the bottleneck, and async2 + int8 (13.4k-14.1k samples/s
 # against int8's 13.8k-16.5k) only adds the catch-up's CPU: the codec round trip of the
 # summed rows and the collective all-reduce, on cores the emulated shard shares.
-BEST = ["--ps-compression", "int8"]
+BEST = INT8
 
 
 def cache_flags(steps: int, batch: int) -> list[str]:
@@ -163,7 +164,7 @@ def main() -> None:
         ("unlimited", [], None),
         ("sync", [], args.link_gbit),
         ("barrier", ["--sparse-sync", "barrier"], args.link_gbit),
-        ("int8", ["--ps-compression", "int8"], args.link_gbit),
+        ("int8", INT8, args.link_gbit),
         ("sync_collective", COLLECTIVE, args.link_gbit),
         ("async2", ASYNC2, args.link_gbit),
         ("cache", cache_flags(args.steps, args.batch_size), args.link_gbit),

@@ -187,8 +187,8 @@ class AsyncPrefetchPipeline(DirectPipeline):
 
 @dataclass
 class _Ahead:
-    """Step ``step``'s rows on their way: those of the last read kept (as after commit
-    step-2), the others being pulled."""
+    """Step ``step``'s rows on their way: those of the last reads kept (each as after its
+    ``held`` commit), the others being pulled."""
 
     step: int
     unique: np.ndarray

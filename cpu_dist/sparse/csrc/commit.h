@@ -76,9 +76,11 @@ class CommitSessions {
   int64_t committed(uint64_t session) const;
   // The committed step and the job step of the session's step 0 (its base_step), read
   // together; base is 0 while nothing is committed (nothing of the session is in any row).
+  // `open`: the session may still apply commits (false once it ended, or never existed).
   struct Position {
     int64_t committed = -1;
     int64_t base = 0;
+    bool open = false;
   };
   Position position(uint64_t session) const;
 

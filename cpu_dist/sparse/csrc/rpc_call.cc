@@ -127,9 +127,8 @@ RowBuffer AsyncOp::take_output() {
 }
 
 std::optional<int64_t> AsyncOp::committed_seen() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!done_ || !error_.empty() || seen_ == nullptr) return std::nullopt;
-  return seen_->value();
+  const auto r = report();
+  return r == nullptr ? std::nullopt : r->value();
 }
 
 std::shared_ptr<const PullReport> AsyncOp::report() {

@@ -272,7 +272,8 @@ namespace {
 
 // A row's PullResponse.row_steps byte: how many of the session's steps beyond `at` it holds.
 uint8_t steps_beyond(int64_t last_update, const CommitSessions::Position& at) {
-  if (at.committed < 0 || last_update == kNoStep) return 0;  // nothing of the session yet
+  // Nothing of the session yet, or an ended one: it applies nothing beyond its committed step.
+  if (!at.open || at.committed < 0 || last_update == kNoStep) return 0;
   const int64_t d = last_update - at.base - at.committed;
   return static_cast<uint8_t>(std::clamp<int64_t>(d, 0, 255));
 }

@@ -152,24 +152,17 @@ Status CommitSessions::state(uint64_t session, int64_t* committed_out) const {
   return Status::OK;
 }
 
-int64_t CommitSessions::committed(uint64_t session) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(session);
-  if (it != sessions_.end()) return it->second->committed.load();
-  auto et = ended_.find(session);
-  return et != ended_.end() ? et->second.committed : -1;
-}
+int64_t CommitSessions::committed(uint64_t session) const { return position(session).committed; }
 
 CommitSessions::Position CommitSessions::position(uint64_t session) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
   if (it != sessions_.end()) {
     const int64_t c = it->second->committed.load();
-    return {c, c >= 0 ? it->second->base_step : 0};
+    return {c, c >= 0 ? it->second->base_step : 0, true};
   }
-  // An ended session applies nothing more: its rows hold nothing beyond its committed step.
   auto et = ended_.find(session);
-  return {et != ended_.end() ? et->second.committed : -1, 0};
+  return {et != ended_.end() ? et->second.committed : -1, 0, false};
 }
 
 void CommitSessions::notify(uint64_t session, int64_t committed) {

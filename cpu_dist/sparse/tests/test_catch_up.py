@@ -65,6 +65,16 @@ def test_row_steps_before_any_commit_and_for_rows_of_another_session(cluster_fac
         cl.pull_async(keys, row_steps=True)
 
 
+def test_an_ended_session_reports_no_commit_beyond_its_last(cluster_factory):
+    cl = cluster_factory(1, DIM).client()
+    keys = np.array([1, 2], dtype=np.int64)
+    commit_step(cl, 5, 0, [np.ones((2, DIM), np.float32)], keys, "sgd")
+    cl.close_session(5, 0)
+    commit_step(cl, 6, 0, [np.ones((1, DIM), np.float32)], keys[1:], "sgd", base=10)
+    _, steps, _ = pulled(cl, keys, 5)  # key 2's step-10 write is no commit of session 5
+    np.testing.assert_array_equal(steps, [0, 0])
+
+
 def test_the_per_row_fields_count_as_pulled_bytes(cluster_factory):
     cl = cluster_factory(2, DIM).client()
     keys = np.arange(50, dtype=np.int64)
