@@ -9,7 +9,8 @@ limited to --link-gbit Gbit/s in both directions with tc tbf.  Modes, each with 
   sync       pipelined sync (the default)
   barrier    --sparse-sync barrier
   int8       pipelined, --ps-compression int8 (pulled rows and pushed gradients)
-  sync_collective  pipelined sync under --aggregation collective (async2's aggregation)
+  sync_collective  pipelined sync under --aggregation collective (async2's aggregation): its
+             reads caught up on the worker too, with the hand-off waiting for commit t-1
   async2     --sparse-sync async --max-staleness 2 --aggregation collective: each step's rows
              pulled during the step before and caught up on the worker (staleness 0)
   cache      the prescan cache at 5 % of the run's distinct rows, collective aggregation

@@ -222,7 +222,8 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
         "--sparse-sync",
         default=TrainConfig.sparse_sync,
         choices=["pipelined", "barrier", "async"],
-        help="pipelined: the next pull waits only for the commit it reads; "
+        help="pipelined: the next pull waits only for the commit it reads (under collective "
+        "aggregation for none: the worker catches its rows up); "
         "barrier: every step waits for its commit before going on; async: a pull waits only "
         "for the commits up to --max-staleness steps back (not bitwise reproducible for K >= 1)",
     )

@@ -3,14 +3,16 @@ several strategies, so the training loop never branches on modes.
 
 ``DirectPipeline``    waits for the previous step's commit (with ``--sparse-sync async``, for
                       commit t-1-K only), then pulls every row.
-``EarlyPullPipeline`` with pipelined commits: the next step's rows that this step did not
-                      write are pulled during the dense phase (``cpu_dist.sparse.reads``).
+``EarlyPullPipeline`` with pipelined commits (ps aggregation): the next step's rows that
+                      this step did not write are pulled during the dense phase
+                      (``cpu_dist.sparse.reads``).
 ``AsyncPrefetchPipeline`` with ``--sparse-sync async`` and K >= 1: the next step's rows are
                       all pulled during the dense phase; the shards' replies say whether they
                       hold every commit the staleness bound needs.
-``CatchUpPipeline``   the same under collective aggregation: the next step's rows are pulled
-                      during the whole step, and the worker applies the commits they miss
-                      itself (``cpu_dist.sparse.catch_up``), so reads see every earlier step.
+``CatchUpPipeline``   under collective aggregation, pipelined or async: the next step's rows
+                      are pulled during the whole step, and the worker applies the commits
+                      they miss itself (``cpu_dist.sparse.catch_up``), so reads see every
+                      earlier step and wait for no commit.
 the cache stage       ``gpu_cache.CachedRowReader`` (``--read-mode bagpipe``): a bounded row
                       cache in front of the PS, kept coherent with it.
 
@@ -210,14 +212,15 @@ class _Recent:
 
 
 class CatchUpPipeline(DirectPipeline):
-    """``--sparse-sync async`` (K >= 1) under collective aggregation without table rules.
-    As soon as step t's read returned, step t+1's rows are pulled, with each row's last
-    commit (``row_steps``), except the rows the last K+1 reads read, which the worker keeps.  At the
-    read it applies the commits the rows miss from the summed gradients it keeps
-    (:class:`RecentCommits`), with the shard's arithmetic, and waits for no commit: rows
-    whose reply holds a commit older than those kept are pulled again after commit t-K (the
-    asynchronous bound; the hand-off, on its own thread, waits for it too).  So the link is
-    off the critical path, fewer rows cross it, and the rows equal the synchronous mode's."""
+    """``--sparse-sync pipelined`` or ``async`` (any K) under collective aggregation without
+    table rules.  As soon as step t's read returned, step t+1's rows are pulled, with each
+    row's last commit (``row_steps``), except the rows the last K+1 reads read, which the
+    worker keeps.  At the read it applies the commits the rows miss from the summed gradients
+    it keeps (:class:`RecentCommits`), with the shard's arithmetic, and waits for no commit:
+    rows whose reply holds a commit older than those kept are pulled again after commit t-K
+    (K=0 when pipelined; the hand-off, on its own thread, waits for it too).  So the link is
+    off the critical path, fewer rows cross it, and the rows equal the barrier mode's bit for
+    bit."""
 
     prefetch_early = True
 
@@ -353,7 +356,12 @@ class CatchUpPipeline(DirectPipeline):
 def _early_pull(cfg: Config) -> bool:
     """Rows the last step did not write may be pulled early, unless expiry can drop them at
     its commit (a drop is a write of that step that no worker knows of in advance)."""
-    return cfg.cache is None and cfg.train.sparse_sync == "pipelined" and not cfg.table.expire_after
+    return (
+        cfg.cache is None
+        and cfg.train.sparse_sync == "pipelined"
+        and not cfg.table.expire_after
+        and not _catch_up(cfg)
+    )
 
 
 def _async_prefetch(cfg: Config) -> bool:
@@ -361,11 +369,12 @@ def _async_prefetch(cfg: Config) -> bool:
 
 
 def _catch_up(cfg: Config) -> bool:
-    """Async reads can be brought up to date on the worker: it holds every step's summed
-    gradients (collective aggregation) and no table rule decides at the shard what a commit
-    touches."""
+    """Reads that need not wait for commits (pipelined, async) can be brought up to date on
+    the worker: it holds every step's summed gradients (collective aggregation) and no table
+    rule decides at the shard what a commit touches."""
     return (
-        _async_prefetch(cfg)
+        cfg.cache is None
+        and cfg.train.sparse_sync in ("pipelined", "async")
         and cfg.train.aggregation == "collective"
         and not cfg.table.admit_after
         and not cfg.table.expire_after

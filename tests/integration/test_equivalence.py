@@ -158,20 +158,24 @@ def test_real_criteo_rows_train_and_equal_the_reference(runs):
 
 
 @pytest.mark.parametrize("sparse_optimizer", ["sgd", "rowwise_adagrad"])
-def test_async_caught_up_gives_the_synchronous_bits(runs, sparse_optimizer):
-    """--sparse-sync async under collective aggregation: each step's rows are pulled while
-    the step before still runs and the worker applies the commits they miss itself
-    (cpu_dist/sparse/catch_up.py), so the model equals the synchronous one bit for bit, and
-    the summary says the pulls lagged while the steps' rows did not."""
+def test_caught_up_reads_give_the_barrier_bits(runs, sparse_optimizer):
+    """Under collective aggregation the pipelined and async modes pull each step's rows while
+    the step before still runs, and the worker applies the commits they miss itself
+    (cpu_dist/sparse/catch_up.py): both equal the barrier mode, whose reads come after every
+    commit, bit for bit, and their summaries say the pulls lagged while the steps' rows did
+    not."""
     tmp, _ = runs
     flags = ["--aggregation", "collective", "--sparse-optimizer", sparse_optimizer]
-    sync = train(tmp, f"collective-{sparse_optimizer}", 2, 2, flags)
-    log = tmp / f"async-{sparse_optimizer}.jsonl"
-    async_flags = ["--sparse-sync", "async", "--max-staleness", "2", "--metrics-out", str(log)]
-    got = train(tmp, f"async-{sparse_optimizer}", 2, 2, [*flags, *async_flags])
-    for k in sync:
-        np.testing.assert_array_equal(got[k], sync[k], err_msg=k)
-    summary = [json.loads(x)["summary"] for x in log.read_text().splitlines() if "summary" in x]
-    s = summary[-1]
-    assert s["rows_caught_up"] > 0 and s["pull_lag_max"] >= 1
-    assert s["staleness_max"] == 0
+    barrier = train(
+        tmp, f"coll-barrier-{sparse_optimizer}", 2, 2, [*flags, "--sparse-sync", "barrier"]
+    )
+    for mode in (["pipelined"], ["async", "--max-staleness", "2"]):
+        name = f"coll-{mode[0]}-{sparse_optimizer}"
+        log = tmp / f"{name}.jsonl"
+        got = train(tmp, name, 2, 2, [*flags, "--sparse-sync", *mode, "--metrics-out", str(log)])
+        for k in barrier:
+            np.testing.assert_array_equal(got[k], barrier[k], err_msg=f"{mode[0]}: {k}")
+        lines = log.read_text().splitlines()
+        s = [json.loads(x)["summary"] for x in lines if "summary" in x][-1]
+        assert s["rows_caught_up"] > 0 and s["pull_lag_max"] >= 1, mode[0]
+        assert s["staleness_max"] == 0, mode[0]
