@@ -71,6 +71,26 @@ def test_resume_onto_another_dense_path_and_worker_count(full, tmp_path):
         np.testing.assert_allclose(got[k], full[20][k], rtol=1e-3, atol=1e-4, err_msg=k)
 
 
+def test_resume_with_reads_caught_up_on_the_worker(tmp_path):
+    """Collective aggregation reads through the catch-up (rows pulled a step early, commits
+    applied on the worker, row-wise Adagrad states with them): a resumed run, whose session
+    starts at a later job step with nothing kept, ends with the same bits as one never
+    interrupted."""
+    d = tmp_path / "ck"
+    flags = [*OPT, "--aggregation", "collective"]
+    want = train(tmp_path, "whole", 2, 1, [*flags, "--max_step", "20"])
+    train(tmp_path, "first", 2, 1, [*flags, "--max_step", "12", *ckpt(d, 5)])
+    assert steps_in(d) == [4, 9]
+    got = train(
+        tmp_path,
+        "resumed",
+        2,
+        1,
+        [*flags, "--max_step", "20", "--resume", "--checkpoint-dir", str(d)],
+    )
+    assert_bits_equal(got, want)
+
+
 def test_resume_after_kill_gives_the_same_bits(full, tmp_path):
     d = tmp_path / "ck"
     job = Job(
