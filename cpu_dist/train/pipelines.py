@@ -369,8 +369,8 @@ def _async_prefetch(cfg: Config) -> bool:
 
 
 def _catch_up(cfg: Config) -> bool:
-    """Reads that need not wait for commits (pipelined, async) can be brought up to date on
-    the worker: it holds every step's summed gradients (collective aggregation) and no table
+    """Pipelined and async reads can be brought up to date on the worker instead of waiting
+    for commits: it holds every step's summed gradients (collective aggregation) and no table
     rule decides at the shard what a commit touches."""
     return (
         cfg.cache is None
