@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.data import make_dataset  # noqa: E402
+from cpu_dist.train.metrics import read_summary  # noqa: E402
 from gpu_cache import scan_trace  # noqa: E402
 from gpu_cache._metadata import BagPipeCacheMetadata  # noqa: E402
 from gpu_cache.controller import admit_misses  # noqa: E402
@@ -136,7 +137,7 @@ def run(args, name: str, extra: list[str]) -> dict:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    s = [json.loads(x)["summary"] for x in out.read_text().splitlines() if '"summary"' in x][-1]
+    s = read_summary(out)
     steps = s["steps"]
     exposed = (s.get("t_pull", 0) + s.get("t_commit_wait", 0) + s.get("t_push", 0)) / steps
     r = {

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cpu_dist.common.launch_env import mpi_env  # noqa: E402
+from cpu_dist.train.metrics import read_summary  # noqa: E402
 
 # mode -> the job's extra flags; "none" is the float32 baseline every delta is taken against.
 MODES: dict[str, list[str]] = {
@@ -52,8 +54,7 @@ def run(mode: str, seed: int, steps: int, tmp: Path) -> dict:
     proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
-    s = [x["summary"] for x in lines if "summary" in x][-1]
+    s = read_summary(out)
     r = {"auc": s["eval_auc"], "bytes": s["bytes_pulled"] + s["bytes_pushed"]}
     print(mode, seed, json.dumps(r), flush=True)
     return r
@@ -61,10 +62,8 @@ def run(mode: str, seed: int, steps: int, tmp: Path) -> dict:
 
 def mean_and_se(xs: list[float]) -> tuple[float, float | None]:
     """Mean, and its standard error (sample standard deviation / sqrt(n); None for n = 1)."""
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, None
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+    m = statistics.fmean(xs)
+    return m, statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
 
 
 def main() -> None:

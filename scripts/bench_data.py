@@ -39,6 +39,7 @@ from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.data import CriteoBinary, CriteoTSV, WorkerBatches  # noqa: E402
 from cpu_dist.data.convert import convert  # noqa: E402
 from cpu_dist.data.generate import write_file  # noqa: E402
+from cpu_dist.train.metrics import read_summary  # noqa: E402
 
 NAMES = ["label"] + [f"I{j}" for j in range(1, 14)] + [f"C{f}" for f in range(1, 27)]
 
@@ -106,11 +107,7 @@ def train(args, name: str, data: list[str]) -> dict:
     proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    summary = [
-        json.loads(line)["summary"]
-        for line in metrics.read_text().splitlines()
-        if '"summary"' in line
-    ][-1]
+    summary = read_summary(metrics)
     phases = {k: v for k, v in summary.items() if k.startswith("t_")}
     return {
         "samples_per_s": summary["samples_per_s"],

@@ -47,6 +47,7 @@ from cpu_dist.common.tokens import write_token_file  # noqa: E402
 from cpu_dist.data import make_dataset  # noqa: E402
 from cpu_dist.testing.netlab import NetLab, unavailable  # noqa: E402
 from cpu_dist.testing.shards import standalone_shards  # noqa: E402
+from cpu_dist.train.metrics import read_summary  # noqa: E402
 from gpu_cache import scan_trace  # noqa: E402
 from gpu_cache.storage import ROWS_PER_UNIT  # noqa: E402
 
@@ -134,7 +135,7 @@ def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: f
         shard_cpu_s = cpu_seconds(procs[0].pid)  # the shard still runs: its whole session
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    s = [json.loads(x)["summary"] for x in out.read_text().splitlines() if '"summary"' in x][-1]
+    s = read_summary(out)
     r = {
         "samples_per_s": round(s["samples_per_s"], 1),
         "bytes_per_step": round((s["bytes_pulled"] + s["bytes_pushed"]) / s["steps"]),

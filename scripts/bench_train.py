@@ -32,6 +32,7 @@ from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.common.validate import mlp_widths  # noqa: E402
 from cpu_dist.data import make_dataset, train_batches  # noqa: E402
 from cpu_dist.models.dlrm import build_dlrm  # noqa: E402
+from cpu_dist.train.metrics import read_summary  # noqa: E402
 
 
 class TorchEmbedding(torch.nn.Module):
@@ -110,9 +111,7 @@ def run_ours(args, name: str, workers: int, extra: list[str]) -> dict:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    summary = [
-        json.loads(line)["summary"] for line in out.read_text().splitlines() if '"summary"' in line
-    ][-1]
+    summary = read_summary(out)
     steps = summary["steps"]
     per_step = {k[2:]: v / steps for k, v in summary.items() if k.startswith("t_")}
     return {

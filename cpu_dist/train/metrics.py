@@ -39,6 +39,16 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def read_summary(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``{"summary": ...}`` record of a finished run's JSON-lines log (the last one), for
+    the benchmarks and tests that read what a job reported."""
+    with open(path, encoding="utf-8") as f:
+        found = [json.loads(x)["summary"] for x in f if x.startswith('{"summary"')]
+    if not found:
+        raise ValueError(f"{path}: no summary line (the run did not finish)")
+    return found[-1]
+
+
 class JsonLinesWriter:
     """One JSON object per line, flushed after each, so the file is always readable."""
 

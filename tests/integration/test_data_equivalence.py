@@ -4,7 +4,6 @@ reference on the same batches (real mpirun jobs, real PS ranks)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from cpu_dist.data import make_dataset
 from cpu_dist.data.convert import convert
 from cpu_dist.data.generate import write_days, write_file
+from cpu_dist.train.metrics import read_summary
 
 from .launch import small_reference, train
 
@@ -82,8 +82,7 @@ def test_training_stops_after_the_epochs(tmp_path):
     flags = ["--batch-size", "16", "--max_step", "1000", "--epochs", "2", "--shuffle"]
     flags += ["--data", "criteo-bin", "--data-path", str(tmp_path / "bin")]
     got = train(tmp_path, "epochs", 2, 1, [*flags, "--metrics-out", str(metrics)])
-    summary = [json.loads(x)["summary"] for x in metrics.read_text().splitlines() if "summary" in x]
-    assert summary[-1]["steps"] == 22
+    assert read_summary(metrics)["steps"] == 22
     ds = make_dataset("criteo-bin", path=tmp_path / "bin", epochs=2, shuffle=True)
     assert_close(got, reference(ds, 1000, batch_size=16), rtol=1e-5)
 

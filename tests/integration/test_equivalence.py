@@ -6,13 +6,13 @@ nn.EmbeddingBag reference of cpu_dist/train/reference.py on the same global batc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cpu_dist.data import make_dataset
+from cpu_dist.train.metrics import read_summary
 
 from .launch import small_reference, train
 
@@ -175,7 +175,6 @@ def test_caught_up_reads_give_the_barrier_bits(runs, sparse_optimizer):
         got = train(tmp, name, 2, 2, [*flags, "--sparse-sync", *mode, "--metrics-out", str(log)])
         for k in barrier:
             np.testing.assert_array_equal(got[k], barrier[k], err_msg=f"{mode[0]}: {k}")
-        lines = log.read_text().splitlines()
-        s = [json.loads(x)["summary"] for x in lines if "summary" in x][-1]
+        s = read_summary(log)
         assert s["rows_caught_up"] > 0 and s["pull_lag_max"] >= 1, mode[0]
         assert s["staleness_max"] == 0, mode[0]

@@ -13,6 +13,7 @@ from cpu_dist.train.metrics import (
     JsonLinesWriter,
     RunLog,
     format_table,
+    read_summary,
     summary_table,
 )
 
@@ -55,6 +56,16 @@ def test_run_log_sinks_are_optional(tmp_path):
         log.write({"summary": {"steps": 1}})
         assert log.tensorboard is not None  # works with or without tensorboard installed
     assert [json.loads(x) for x in path.read_text().splitlines()][1] == {"summary": {"steps": 1}}
+
+
+def test_the_summary_is_read_back_as_written(tmp_path):
+    path = tmp_path / "m.jsonl"
+    with JsonLinesWriter(path) as w:
+        w.write({"step": 1, "loss": 0.1, "note": "summary"})  # the word alone is no summary
+        with pytest.raises(ValueError, match=r"m\.jsonl: no summary line"):
+            read_summary(path)
+        w.write({"summary": {"steps": 1, "eval_auc": 0.7}})
+    assert read_summary(path) == {"steps": 1, "eval_auc": 0.7}
 
 
 def test_evaluate_matches_scikit_learn():
