@@ -47,7 +47,23 @@ def decode_rows(data: npt.ArrayLike, dim: int, compression: Compression) -> npt.
     the round trip a compressed job's rows and gradients go through."""
 
 class PSError(RuntimeError):
-    """A failed RPC: "shard I (ADDR): CODE: message"."""
+    """A failed RPC: str() is "shard I (ADDR): CODE: message".
+
+    The same as fields, so that no caller parses the text: ``shard`` (the shard's index),
+    ``address`` (its host:port) and ``code`` (the gRPC status code's name, e.g.
+    ``"UNAVAILABLE"``); each None where a failure has none (a malformed reply has no code).
+    ``PSError(message)`` builds one from Python with every field None."""
+
+    shard: int | None
+    address: str | None
+    code: str | None
+    def __init__(
+        self,
+        message: str,
+        shard: int | None = None,
+        address: str | None = None,
+        code: str | None = None,
+    ) -> None: ...
 
 def partition_of(keys: npt.ArrayLike) -> npt.NDArray[np.int64]: ...
 def row_init(seed: int, keys: npt.ArrayLike, dim: int, scale: float) -> npt.NDArray[np.float32]: ...

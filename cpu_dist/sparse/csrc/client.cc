@@ -204,9 +204,12 @@ void PsClient::close() {
 
 // ---- call plumbing ------------------------------------------------------------------------
 
-std::string PsClient::describe(const Call& c) const {
-  return absl::StrCat("shard ", c.shard, " (", shards_[c.shard].address,
-                      "): ", code_name(c.status.error_code()), ": ", c.status.error_message());
+RpcError PsClient::describe(const Call& c) const {
+  const std::string& address = shards_[c.shard].address;
+  const char* code = code_name(c.status.error_code());
+  return RpcError(
+      absl::StrCat("shard ", c.shard, " (", address, "): ", code, ": ", c.status.error_message()),
+      c.shard, address, code);
 }
 
 SplitLimits PsClient::limits() const {
@@ -297,7 +300,7 @@ void PsClient::run_calls(Calls& calls, double timeout_s) {
 
 void PsClient::throw_first_failure(const Calls& calls) const {
   for (const auto& c : calls)
-    if (!c->status.ok()) throw RpcError(describe(*c));
+    if (!c->status.ok()) throw describe(*c);
 }
 
 void PsClient::run(Calls& calls, double timeout_s) {

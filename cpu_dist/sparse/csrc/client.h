@@ -207,7 +207,7 @@ class PsClient {
                                      RowBuffer output = {},
                                      std::shared_ptr<const PullReport> seen = {});
   void async_loop();
-  std::string describe(const Call& c) const;
+  RpcError describe(const Call& c) const;  // "shard I (ADDR): CODE: message" and its fields
   SplitLimits limits() const;
   uint32_t next_channel_base() { return rr_.fetch_add(1, std::memory_order_relaxed); }
   PullPlan plan_pull(const int64_t* keys, size_t n, float* out, const PullOptions& po);

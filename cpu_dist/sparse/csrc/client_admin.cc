@@ -83,11 +83,11 @@ int64_t PsClient::wait_committed(uint64_t session, int64_t step, double timeout_
     for (const auto& c : calls) {
       if (c->status.ok()) continue;
       if (c->status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
-        throw RpcError(describe(*c));  // e.g. the session was closed: it never commits
+        throw describe(*c);  // e.g. the session was closed: it never commits
       if (first_timeout == nullptr) first_timeout = c.get();
     }
     throw WaitTimeout(absl::StrCat("session ", session, " step ", step, " not committed within ",
-                                   timeout_s, " s (", describe(*first_timeout), ")"));
+                                   timeout_s, " s (", describe(*first_timeout).what(), ")"));
   };
   // A shard answers a long poll after ten minutes at most: poll again while time is left.
   for (;;) {
@@ -222,7 +222,8 @@ std::vector<DumpResponse> PsClient::dump_round(const std::vector<uint32_t>& shar
     if (p.keys().size() % sizeof(int64_t) != 0 || p.values().size() != n * row_bytes ||
         p.state().size() != n * sizeof(float) || !advances || p.next_partition() >= kNumPartitions)
       throw RpcError(absl::StrCat("shard ", shards[i], " (", shards_[shards[i]].address,
-                                  "): malformed DumpResponse"));
+                                  "): malformed DumpResponse"),
+                     shards[i], shards_[shards[i]].address);
   }
   return pages;
 }

@@ -60,7 +60,7 @@ TrafficCounts Traffic::snapshot() const {
 
 // ---- AsyncOp ----------------------------------------------------------------------------
 
-AsyncOp::AsyncOp(Calls calls, std::function<std::string(const Call&)> describe,
+AsyncOp::AsyncOp(Calls calls, std::function<RpcError(const Call&)> describe,
                  std::function<void()> on_success, RowBuffer output,
                  std::shared_ptr<const PullReport> seen)
     : calls_(std::move(calls)),
@@ -80,13 +80,13 @@ bool AsyncOp::finish_call() {
     if (--remaining_ > 0) return false;
   }
   // The last call: no other thread touches the calls or the output any more.
-  std::string error;
+  std::optional<RpcError> error;
   for (const auto& call : calls_)
     if (!call->status.ok()) {
-      error = describe_(*call);
+      error.emplace(describe_(*call));
       break;
     }
-  if (error.empty() && on_success_) on_success_();
+  if (!error && on_success_) on_success_();
   {
     std::lock_guard<std::mutex> lock(mu_);
     error_ = std::move(error);
@@ -112,17 +112,21 @@ bool AsyncOp::done() {
 
 std::string AsyncOp::error() {
   std::lock_guard<std::mutex> lock(mu_);
-  return error_;
+  return error_ ? std::string(error_->what()) : std::string();
 }
 
 void AsyncOp::raise_if_failed() {
-  std::string err = error();
-  if (!err.empty()) throw RpcError(err);
+  std::optional<RpcError> err;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    err = error_;
+  }
+  if (err) throw *err;
 }
 
 RowBuffer AsyncOp::take_output() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!done_ || !error_.empty()) return nullptr;
+  if (!done_ || error_) return nullptr;
   return std::move(output_);
 }
 
@@ -133,7 +137,7 @@ std::optional<int64_t> AsyncOp::committed_seen() {
 
 std::shared_ptr<const PullReport> AsyncOp::report() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!done_ || !error_.empty()) return nullptr;
+  if (!done_ || error_) return nullptr;
   return seen_;
 }
 

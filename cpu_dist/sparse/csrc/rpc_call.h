@@ -25,10 +25,25 @@
 
 namespace cpu_dist::ps {
 
-// A failed RPC: "shard I (ADDR): CODE: message".
+// A failed RPC: "shard I (ADDR): CODE: message", with the shard, its address and the status
+// code's name as fields (Python's PSError has them as attributes: nobody parses the text).
+// Fields a failure does not have (a malformed reply has no status code) are empty.
 class RpcError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit RpcError(const std::string& message, std::optional<uint32_t> shard = std::nullopt,
+                    std::string address = {}, std::string code = {})
+      : std::runtime_error(message),
+        shard_(shard),
+        address_(std::move(address)),
+        code_(std::move(code)) {}
+  const std::optional<uint32_t>& shard() const { return shard_; }
+  const std::string& address() const { return address_; }  // empty: unknown
+  const std::string& code() const { return code_; }        // e.g. "UNAVAILABLE"; empty: none
+
+ private:
+  std::optional<uint32_t> shard_;
+  std::string address_;
+  std::string code_;
 };
 // A wait that ran out of time (WaitCommitted, Handle.wait).
 class WaitTimeout : public std::runtime_error {
@@ -147,7 +162,7 @@ class AsyncOp {
   // `on_success` runs on the completion thread after the last call, only if every call
   // succeeded, before waiters see the op done.  `output` is what a pull_async op decodes
   // its replies into, `seen` what its replies report committed steps to.
-  AsyncOp(Calls calls, std::function<std::string(const Call&)> describe,
+  AsyncOp(Calls calls, std::function<RpcError(const Call&)> describe,
           std::function<void()> on_success = {}, RowBuffer output = {},
           std::shared_ptr<const PullReport> seen = {});
   // True when done within timeout_s (< 0: forever).
@@ -176,8 +191,8 @@ class AsyncOp {
   Calls calls_;
   size_t remaining_;  // calls not finished yet
   bool done_ = false;
-  std::string error_;
-  std::function<std::string(const Call&)> describe_;
+  std::optional<RpcError> error_;
+  std::function<RpcError(const Call&)> describe_;
   std::function<void()> on_success_;
   RowBuffer output_;
   std::shared_ptr<const PullReport> seen_;

@@ -1,8 +1,14 @@
 #include "server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +24,38 @@ namespace {
 std::string host_port(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
   return v6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+// Why host:port cannot be bound, asked of the OS after gRPC failed to listen (gRPC says only
+// that it failed): strerror of the bind, or empty when a bind now works.
+std::string bind_error(const std::string& host, int port) {
+  std::string h = host;
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc =
+          ::getaddrinfo(h.empty() ? nullptr : h.c_str(), service.c_str(), &hints, &found);
+      rc != 0)
+    return absl::StrCat("cannot resolve '", host, "': ", ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> list(found, &::freeaddrinfo);
+  std::string why;
+  for (const addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;  // as gRPC binds: a port in TIME_WAIT only is not "in use"
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const bool bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (bound) return {};
+    if (why.empty())
+      why = err == EADDRINUSE ? std::string("address already in use") : std::strerror(err);
+  }
+  return why;
 }
 
 void check_options(const ServerOptions& o) {
@@ -72,6 +110,9 @@ int PsServer::start() {
   grpc::ResourceQuota quota("cpu_dist_ps");
   quota.Resize(static_cast<size_t>(opts_.max_memory_bytes));
   builder.SetResourceQuota(quota);
+  // One port, one shard: without this gRPC binds with SO_REUSEPORT, and a second shard on a
+  // busy port would "listen" beside the first (two tables behind one address).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(
       GRPC_ARG_MAX_CONCURRENT_STREAMS,
       static_cast<int>(std::min<uint32_t>(opts_.max_concurrent_streams, INT32_MAX)));
@@ -79,7 +120,13 @@ int PsServer::start() {
   server_ = builder.BuildAndStart();
   if (!server_ || bound == 0) {
     server_.reset();
-    throw std::runtime_error(absl::StrCat("could not listen on ", addr));
+    const std::string why = opts_.port != 0 ? bind_error(opts_.host, opts_.port) : std::string();
+    if (why == "address already in use")
+      throw std::runtime_error(absl::StrCat("could not listen on ", addr,
+                                            ": address already in use (another process serves "
+                                            "that port; one port serves one shard)"));
+    throw std::runtime_error(
+        absl::StrCat("could not listen on ", addr, why.empty() ? "" : ": ", why));
   }
   port_ = bound;
   started_ = true;

@@ -1,6 +1,8 @@
 // cpu_dist.sparse._ps.Client / Handle / PSError / client_defaults.  Every network call
 // releases the GIL.  Shaped like ps-lite: an asynchronous call returns a Handle to wait on,
 // and each blocking update is its asynchronous twin followed by Handle.wait().
+#include <pybind11/eval.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -407,13 +409,47 @@ void def_checkpoints(ClientClass& cls) {
 }  // namespace
 
 void bind_client(py::module_& m) {
-  // PSError (a RuntimeError) carries "shard I (ADDR): CODE: message".
-  py::register_exception<ps::RpcError>(m, "PSError", PyExc_RuntimeError);
+  // PSError (a RuntimeError): str() is "shard I (ADDR): CODE: message"; the attributes shard,
+  // address and code say the same as fields (None where a failure has none).  A Python class,
+  // so that PSError(message) still builds one (the job re-raises it with a new message).
+  py::dict scope;
+  scope["__builtins__"] = py::module_::import("builtins");
+  scope["__name__"] = m.attr("__name__");
+  py::exec(R"(
+class PSError(RuntimeError):
+    """A failed parameter-server call: str() is "shard I (ADDR): CODE: message".
+
+    shard (int), address (str) and code (the gRPC status code's name, e.g. "UNAVAILABLE")
+    name the failure without parsing the text; None where it has none."""
+
+    def __init__(self, message, shard=None, address=None, code=None):
+        super().__init__(message)
+        self.shard = shard
+        self.address = address
+        self.code = code
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.shard, self.address, self.code))
+)",
+           scope);
+  py::object ps_error = scope["PSError"];
+  ps_error.attr("__module__") = m.attr("__name__");
+  m.attr("PSError") = ps_error;
+  // A translator is a plain function (no state of its own): it finds the class on the module.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const ps::WaitTimeout& e) {
       PyErr_SetString(PyExc_TimeoutError, e.what());
+    } catch (const ps::RpcError& e) {
+      const auto text_or_none = [](const std::string& s) -> py::object {
+        return s.empty() ? py::none() : py::object(py::str(s));
+      };
+      const py::object type = py::module_::import("cpu_dist.sparse._ps").attr("PSError");
+      const py::object shard = e.shard() ? py::object(py::int_(*e.shard())) : py::none();
+      const py::object exc =
+          type(py::str(e.what()), shard, text_or_none(e.address()), text_or_none(e.code()));
+      PyErr_SetObject(type.ptr(), exc.ptr());
     }
   });
   m.def("client_defaults", &client_defaults,
