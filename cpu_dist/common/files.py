@@ -50,3 +50,153 @@ def file_crc32(path: Path) -> tuple[int, int]:
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
     return size, crc
+
+
+# --- outputs that must not destroy what a user typed by mistake ----------------------------
+# The ``format`` of each cpu_dist directory's manifest.json, one definition: the export bundle
+# (cpu_dist/serving/bundle.py) and the converted layout (cpu_dist/data/layout.py) take theirs
+# from here; the checkpoint's (cpu_dist/checkpoint/manifest.py) is held equal by a test.
+EXPORT_FORMAT = "cpu_dist-export"
+CONVERTED_FORMAT = "cpu_dist-criteo-bin"
+CHECKPOINT_FORMAT = "cpu_dist-checkpoint"
+_KIND_OF_FORMAT = {
+    EXPORT_FORMAT: "an export bundle",
+    CONVERTED_FORMAT: "a converted Criteo data directory",
+    CHECKPOINT_FORMAT: "a checkpoint step directory",
+}
+
+
+class OutputError(ValueError):
+    """An output path that would overwrite something else; the message names the flag."""
+
+
+def manifest_format(path: Path) -> str | None:
+    """The ``format`` field of ``path/manifest.json``; None where there is none, and
+    ``"unreadable"`` where the file exists but is not a JSON object."""
+    import json
+
+    try:
+        m = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "unreadable"
+    fmt = m.get("format") if isinstance(m, dict) else None
+    return fmt if isinstance(fmt, str) else "unreadable"
+
+
+def describe_dir(path: Path) -> str:
+    """What a directory looks like, for a refusal: a cpu_dist format or its first entries."""
+    fmt = manifest_format(path)
+    if fmt in _KIND_OF_FORMAT:
+        return _KIND_OF_FORMAT[fmt]
+    if (path / "part.json").exists():
+        return "a part of a converted Criteo data directory"
+    names = sorted(p.name for p in path.iterdir())
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"a directory of {len(names)} entries ({shown})"
+
+
+def check_output_dir(
+    path: str | os.PathLike,
+    flag: str,
+    kind: str,
+    accept: Callable[[Path], bool],
+) -> None:
+    """Refuses (OutputError) to write ``kind`` to ``path`` unless it is missing, an empty
+    directory, or a directory ``accept`` recognises as an earlier output of the same kind."""
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        return
+    if not p.is_dir():
+        raise OutputError(f"{flag} {path}: is a file, not a directory ({kind} is a directory)")
+    if not any(p.iterdir()) or accept(p):
+        return
+    raise OutputError(
+        f"{flag} {path}: refusing to write {kind} into a non-empty directory that is "
+        f"{describe_dir(p)}; give a new or empty directory"
+    )
+
+
+def check_output_file(
+    path: str | os.PathLike, flag: str, kind: str, accept: Callable[[Path], bool]
+) -> None:
+    """Refuses (OutputError) to write ``kind`` to ``path`` unless it is missing, empty, or a
+    file ``accept`` recognises as an earlier output of the same kind."""
+    p = Path(path)
+    if p.is_dir():
+        what = describe_dir(p)
+        raise OutputError(f"{flag} {path}: is a directory ({what}); {kind} is a file")
+    if not p.exists() or p.stat().st_size == 0 or accept(p):
+        return
+    raise OutputError(
+        f"{flag} {path}: refusing to overwrite a file that is not {kind}; give a new path "
+        "(or remove the file yourself)"
+    )
+
+
+def only_files(path: Path, allowed: Callable[[str], bool]) -> bool:
+    """Every file under ``path`` (recursively) has a name ``allowed`` accepts."""
+    return all(allowed(f.name) for f in path.rglob("*") if not f.is_dir())
+
+
+def is_export_bundle(path: Path) -> bool:
+    """An export bundle holding nothing else (replacing it loses nothing of the user's)."""
+    names = {"manifest.json", "dense.pt", "keys.npy", "rows.npy", ".rows.unsorted.npy"}
+    return manifest_format(path) == EXPORT_FORMAT and only_files(
+        path, lambda n: n in names or (n.startswith(".") and ".tmp-" in n)
+    )
+
+
+def is_tensorboard_dir(path: Path) -> bool:
+    """TensorBoard event files only (a new run adds its own file beside the old ones)."""
+    return only_files(path, lambda n: "tfevents" in n)
+
+
+def is_metrics_log(path: Path) -> bool:
+    """A JSON-lines metrics log: its first line is an object with ``step`` or ``summary``."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = json.loads(f.readline(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and ("step" in first or "summary" in first)
+
+
+def is_state_dump(path: Path) -> bool:
+    """A ``--dump-state`` file: an .npz (zip) with ``sparse_keys``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "sparse_keys.npy" in z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def replace_dir(tmp: Path, out: Path, still_ok: Callable[[Path], bool]) -> None:
+    """Makes the finished directory ``tmp`` (a sibling of ``out``) ``out``: an existing
+    ``out`` that ``still_ok`` accepts (empty, or an earlier output of the same kind) is moved
+    aside, ``tmp`` renamed into place, and the old one removed; the parent is fsynced."""
+    import shutil
+
+    old = None
+    if out.exists() or out.is_symlink():
+        if not out.is_dir() or (any(out.iterdir()) and not still_ok(out)):
+            raise OutputError(f"{out}: changed while it was written; left it alone ({tmp} kept)")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+        os.rename(out, old)
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def temp_sibling(out: Path) -> Path:
+    """A fresh hidden directory beside ``out``, on the same file system (a rename target)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    return tmp

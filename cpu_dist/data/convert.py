@@ -49,6 +49,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
+from cpu_dist.common.files import check_output_dir, manifest_format, only_files
 from cpu_dist.data.layout import (
     ARRAYS,
     FORMAT,
@@ -122,6 +123,22 @@ class _Writer:
     def abort(self) -> None:
         for fh in self.files.values():
             fh.close()
+
+
+def is_conversion(out: Path) -> bool:
+    """A finished or unfinished conversion and nothing else: a manifest of this format, and
+    otherwise only input folders holding array files and part records.  Converting into it
+    again rewrites those folders, so any other content would be lost."""
+    fmt = manifest_format(out)
+    if fmt not in (None, FORMAT):
+        return False
+    ours = {a.file for a in ARRAYS} | {PART, PART + ".tmp"}
+    for entry in out.iterdir():
+        if entry.name in (MANIFEST, MANIFEST + ".tmp"):
+            continue
+        if not entry.is_dir() or not only_files(entry, lambda n: n in ours):
+            return False
+    return True
 
 
 def _source_record(path: str) -> dict[str, Any]:
@@ -242,6 +259,7 @@ def convert(
             raise FileNotFoundError(f"input not found: {p}")
     ordered = order_inputs(inputs)
     out = Path(output)
+    check_output_dir(out, "--output", "converted Criteo data", is_conversion)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # the folder is changing: not complete until done
     threads = threads or len(os.sched_getaffinity(0))

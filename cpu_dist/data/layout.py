@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from cpu_dist.common.files import CONVERTED_FORMAT
 from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE
 from cpu_dist.data.tsv_parse import NUM_DENSE, NUM_SPARSE
 
-FORMAT = "cpu_dist-criteo-bin"
+FORMAT = CONVERTED_FORMAT
 VERSION = 1
 MANIFEST = "manifest.json"
 PART = "part.json"

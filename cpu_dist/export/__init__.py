@@ -23,21 +23,36 @@ from cpu_dist.checkpoint.manifest import (
     read_manifest,
 )
 from cpu_dist.common.contracts import TABLE
-from cpu_dist.serving.bundle import BundleWriter, ModelSpec, spec_from_dense_state
+from cpu_dist.serving.bundle import (
+    BundleWriter,
+    ModelSpec,
+    check_bundle_output,
+    spec_from_dense_state,
+)
 from cpu_dist.sparse import Client, Server
 
 PAGE_BYTES = 48 << 20
 
 
 def export_from_client(
-    client: Client, dense: dict[str, torch.Tensor], spec: ModelSpec, step: int, out: Path
+    client: Client,
+    dense: dict[str, torch.Tensor],
+    spec: ModelSpec,
+    step: int,
+    out: Path,
+    flag: str = "--export",
 ) -> int:
-    """Every row the client's shards hold, and ``dense``, as a bundle in ``out``; the rows."""
+    """Every row the client's shards hold, and ``dense``, as a bundle in ``out``; the rows.
+    ``out`` changes only at the end, from nothing or an earlier bundle to the new bundle."""
     total = sum(int(h["rows"]) for h in client.health())
-    writer = BundleWriter(out, spec.dim, total)
-    for keys, values, _state in client.dump_pages(max_bytes=PAGE_BYTES):
-        writer.add(keys, values)
-    writer.finish(spec, dense, step)
+    writer = BundleWriter(out, spec.dim, total, flag)
+    try:
+        for keys, values, _state in client.dump_pages(max_bytes=PAGE_BYTES):
+            writer.add(keys, values)
+        writer.finish(spec, dense, step)
+    except BaseException:
+        writer.abort()
+        raise
     return total
 
 
@@ -52,6 +67,7 @@ def _checkpoint(path: Path) -> Manifest:
 
 
 def export_checkpoint(path: Path, out: Path, timeout_s: float = 3600.0) -> int:
+    check_bundle_output(out, "--output")  # before the (long) load
     m = _checkpoint(path)
     assert m.path is not None
     check_files(m)  # every file there with its size, the dense file's checksum
@@ -86,7 +102,7 @@ def export_checkpoint(path: Path, out: Path, timeout_s: float = 3600.0) -> int:
             [e.crc32 for e in m.shards],
             timeout_s=timeout_s,
         )
-        rows = export_from_client(client, dense, spec, m.step, out)
+        rows = export_from_client(client, dense, spec, m.step, out, "--output")
         client.close()
     finally:
         server.stop(10.0)

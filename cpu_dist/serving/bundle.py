@@ -25,9 +25,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from cpu_dist.common.files import atomic_write, file_crc32
+from cpu_dist.common.files import (
+    EXPORT_FORMAT,
+    atomic_write,
+    check_output_dir,
+    file_crc32,
+    is_export_bundle,
+    replace_dir,
+    temp_sibling,
+)
 
-FORMAT, VERSION = "cpu_dist-export", 1
+FORMAT, VERSION = EXPORT_FORMAT, 1
 MANIFEST, DENSE, KEYS, ROWS = "manifest.json", "dense.pt", "keys.npy", "rows.npy"
 
 
@@ -67,18 +75,40 @@ def spec_from_dense_state(state: dict[str, torch.Tensor], **settings: Any) -> Mo
     )
 
 
+def check_bundle_output(out: str | os.PathLike, flag: str) -> None:
+    """``out`` may receive a bundle: it is missing, empty, or an earlier bundle (nothing else
+    in it), else BundleError naming ``flag``; replacing another kind of directory (converted
+    data, a checkpoint) would destroy it."""
+    try:
+        check_output_dir(out, flag, "an export bundle", is_export_bundle)
+    except ValueError as exc:
+        raise BundleError(str(exc)) from None
+
+
 class BundleWriter:
     """Rows arrive in any order (pages of a dump); ``finish`` sorts them by key into
-    ``rows.npy`` through a memory map, so memory stays at 16 bytes per row (keys, order)."""
+    ``rows.npy`` through a memory map, so memory stays at 16 bytes per row (keys, order).
 
-    def __init__(self, out: Path, dim: int, rows: int) -> None:
-        self.out, self.dim, self.total = out, dim, rows
-        out.mkdir(parents=True, exist_ok=True)
+    Everything is written into a hidden directory beside ``out`` and renamed into place at the
+    end, so ``out`` is never half a bundle; an ``out`` that is not empty or an earlier bundle
+    is refused before anything is written (and again before the rename)."""
+
+    def __init__(self, out: Path, dim: int, rows: int, flag: str = "export") -> None:
+        out = Path(os.path.abspath(out))
+        check_bundle_output(out, flag)
+        self.final, self.dim, self.total = out, dim, rows
+        self.out = temp_sibling(out)
         self._keys = np.empty(rows, dtype=np.int64)
         self._scratch = np.lib.format.open_memmap(
-            out / ".rows.unsorted.npy", mode="w+", dtype=np.float32, shape=(rows, dim)
+            self.out / ".rows.unsorted.npy", mode="w+", dtype=np.float32, shape=(rows, dim)
         )
         self.filled = 0
+
+    def abort(self) -> None:
+        """Removes the unfinished bundle (``out`` is left as it was)."""
+        import shutil
+
+        shutil.rmtree(self.out, ignore_errors=True)
 
     def add(self, keys: np.ndarray, values: np.ndarray) -> None:
         n = len(keys)
@@ -122,6 +152,10 @@ class BundleWriter:
         }
         text = json.dumps(manifest, indent=1, sort_keys=True)
         atomic_write(self.out / MANIFEST, lambda f: f.write(text.encode()))
+        try:
+            replace_dir(self.out, self.final, is_export_bundle)
+        except ValueError as exc:
+            raise BundleError(str(exc)) from None
 
 
 @dataclass

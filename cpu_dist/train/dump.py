@@ -9,9 +9,11 @@ compare key for key.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
+from cpu_dist.common.files import atomic_write
 from cpu_dist.models.dlrm import DLRM
 
 
@@ -23,7 +25,8 @@ def model_arrays(model: DLRM, keys: np.ndarray, values: np.ndarray) -> dict[str,
 
 
 def write_dump(path: str, arrays: dict[str, np.ndarray]) -> None:
-    """Atomically: a reader sees the old file or the whole new one."""
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, path)
+    """Atomically: a reader sees the old file or the whole new one (``--dump-state`` was
+    checked before training: a missing file, or an earlier dump)."""
+    out = Path(os.path.abspath(path))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]

@@ -89,3 +89,16 @@ def test_a_damaged_bundle_is_refused_naming_the_file(job, tmp_path):
     proc = run_module("cpu_dist.serving", str(broken), "--batch-size", "96")
     assert proc.returncode == 2
     assert f"bundle {rows}: corrupt or truncated" in proc.stderr
+
+
+def test_an_export_replaces_an_earlier_bundle_whole(job, tmp_path):
+    _, bundle, ckpt, _ = job
+    again = tmp_path / "bundle"
+    again.mkdir()
+    for f in bundle.iterdir():
+        (again / f.name).write_bytes(f.read_bytes())
+    (again / "rows.npy").write_bytes(b"stale")  # an earlier bundle, damaged since
+    proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_array_equal(open_bundle(again).rows, open_bundle(bundle).rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no temporaries left
