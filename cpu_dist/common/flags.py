@@ -237,8 +237,13 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_table_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("PS tables (PS ranks of this job; external shards must agree)")
+def add_table_flags(
+    p: argparse.ArgumentParser,
+    title: str = "PS tables (PS ranks of this job; external shards must agree)",
+) -> None:
+    """How a shard keeps its rows: the launcher's flags for its PS ranks, and the same flags
+    of a standalone shard (``python -m cpu_dist.sparse.server``), so both mean one thing."""
+    g = p.add_argument_group(title)
     g.add_argument(
         "--ps-memory-rows",
         type=int,
@@ -376,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_flags(p)
     _add_model_flags(p)
     _add_train_flags(p)
-    _add_table_flags(p)
+    add_table_flags(p)
     _add_cache_flags(p)
     _add_checkpoint_and_output_flags(p)
     return p

@@ -3,105 +3,127 @@
     python -m cpu_dist.sparse.server --port 0 --dim 64 --token-file /path/to/token
 
 Prints exactly ``listening on HOST:PORT`` (flushed) once it accepts calls, and exits 0 after
-SIGTERM/SIGINT or the Shutdown RPC, in both cases after draining in-flight calls.
+SIGTERM/SIGINT or the Shutdown RPC, in both cases after draining in-flight calls.  A bad
+argument, or a shard that cannot start (its port already in use, an address it cannot bind),
+is one line ``error: ...`` on standard error and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
 import signal
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cpu_dist.common.config import JobConfig
+from cpu_dist.common.config import JobConfig, TrainConfig
 from cpu_dist.common.contracts import default_init_scale
+from cpu_dist.common.flags import add_table_flags
 from cpu_dist.common.tokens import TokenError, read_token_file
 
 from ._ps import Server
 
+PROG = "python -m cpu_dist.sparse.server"
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+
+def _number(kind: Callable[[str], float], low: float, high: float, what: str):
+    """An argparse type: ``kind`` in ``[low, high]`` (finite), else argparse's one-line error."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
+
+
+_PORT = _number(int, 0, 65535, "a port in 0..65535")
+_POSITIVE_INT = _number(int, 1, 2**32 - 1, "a whole number >= 1")
+_INDEX = _number(int, 0, 2**32 - 1, "a whole number >= 0")
+_SEED = _number(int, 0, 2**64 - 1, "a seed in 0..2**64-1")
+_POSITIVE = _number(float, math.ulp(0.0), math.inf, "a positive number")
+_SECONDS = _number(float, 0.0, math.inf, "a number of seconds >= 0")
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m cpu_dist.sparse.server",
+        prog=PROG,
+        usage="%(prog)s --port P --dim D --token-file F [options]",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--port", type=int, required=True, help="TCP port, 0 = chosen by the OS")
-    ap.add_argument("--dim", type=int, required=True, help="row dimension")
-    ap.add_argument("--token-file", required=True, help="file holding the job token")
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    ap.add_argument("--table", default="embedding")
-    ap.add_argument("--seed", type=int, default=0, help="row initialisation seed")
-    ap.add_argument(
+    s = ap.add_argument_group("shard")
+    s.add_argument("--port", type=_PORT, required=True, help="TCP port, 0 = chosen by the OS")
+    s.add_argument("--dim", type=_POSITIVE_INT, required=True, help="row dimension")
+    s.add_argument("--token-file", required=True, help="file holding the job token")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--table", default="embedding", help="table name the job's calls must name")
+    s.add_argument("--seed", type=_SEED, default=TrainConfig.seed, help="row initialisation seed")
+    s.add_argument(
         "--init-scale",
-        type=float,
+        type=_POSITIVE,
         default=None,
         help="first-touch rows are uniform in [-scale, scale) (default 1/sqrt(dim), as "
         "launcher.py's)",
     )
-    ap.add_argument("--shard-index", type=int, default=0)
-    ap.add_argument("--num-shards", type=int, default=1)
-    ap.add_argument("--max-message-mb", type=int, default=64)
-    ap.add_argument(
+    s.add_argument("--shard-index", type=_INDEX, default=0, help="this shard's place in --ps_list")
+    s.add_argument("--num-shards", type=_POSITIVE_INT, default=1, help="length of --ps_list")
+    s.add_argument(
+        "--max-message-mb",
+        type=_number(int, 1, 2047, "a number of MiB in 1..2047"),
+        default=64,
+        help="largest gRPC message the shard accepts, MiB",
+    )
+    s.add_argument(
         "--checkpoint-dir",
         default="",
         help="Save/Load RPCs read and write files under this directory only (default: refused)",
     )
-    ap.add_argument(
+    s.add_argument(
         "--session-idle-timeout",
-        type=float,
+        type=_SECONDS,
         default=JobConfig.session_idle_timeout_s,
         help="close commit sessions idle this many seconds, e.g. a crashed job's (0: never)",
     )
-    ap.add_argument(
-        "--ps-memory-rows",
-        type=int,
-        default=0,
-        help="rows this shard keeps in DRAM (0: unbounded); beyond it rows go to --ps-ssd-dir, "
-        "or without one the update that needs more is refused",
-    )
-    ap.add_argument(
-        "--ps-ssd-dir",
-        default="",
-        help="SSD tier: the shard keeps the rows beyond --ps-memory-rows in a RocksDB it "
-        "creates in this directory and removes when it stops (working storage, not a checkpoint)",
-    )
-    ap.add_argument(
-        "--ps-admit-after",
-        type=int,
-        default=0,
-        help="a key's gradients are applied from the N-th committed step that contains it "
-        "(0 or 1: at once); Push is not subject to it",
-    )
-    ap.add_argument(
-        "--ps-expire-after",
-        type=int,
-        default=0,
-        help="rows not updated by a commit for S steps are dropped (0: never)",
-    )
-    ap.add_argument(
+    s.add_argument(
         "--drain-timeout",
-        type=float,
+        type=_SECONDS,
         default=10.0,
         help="seconds to let in-flight calls finish when stopping",
     )
-    return ap.parse_args(argv)
+    add_table_flags(ap, "table (the launcher's flags of its PS ranks; a job checks they agree)")
+    return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        token = read_token_file(args.token_file)
-    except TokenError as e:
-        raise SystemExit(f"error: {e}") from None
-    stop_requested = []
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    # The table flags are the launcher's (plain ints, checked by its validate step); here the
+    # bounds of the native module's fields.
+    for flag, high in (
+        ("--ps-memory-rows", 2**64 - 1),
+        ("--ps-admit-after", 2**32 - 1),
+        ("--ps-expire-after", 2**32 - 1),
+    ):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < 0 or value > high:
+            ap.error(f"argument {flag}: {value} must be " + (">= 0" if value < 0 else f"<= {high}"))
+    if args.shard_index >= args.num_shards:
+        ap.error(f"--shard-index {args.shard_index} must be below --num-shards {args.num_shards}")
+    return args
 
-    def on_signal(signum, _frame):  # runs in the main thread, between wait() slices
-        stop_requested.append(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    srv = Server(
+def make_server(args: argparse.Namespace, token: str) -> Server:
+    """The shard the arguments describe; ValueError when the native module refuses them."""
+    return Server(
         args.dim,
         token,
         init_scale=args.init_scale if args.init_scale is not None else default_init_scale(args.dim),
@@ -119,7 +141,58 @@ def main(argv: list[str] | None = None) -> int:
         admit_after=args.ps_admit_after,
         expire_after=args.ps_expire_after,
     )
-    srv.start()
+
+
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[list[str]]:
+    """File descriptor 2 into a scratch file for the block: a bind that fails makes gRPC log
+    its own multi-line error there, and the one line ``error: ...`` says it all (with the
+    reason).  The list yielded holds what was written, once the block is over."""
+    said: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            said.append(held.read())
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        token = read_token_file(args.token_file)
+    except TokenError as e:
+        return _fail(str(e))
+    stop_requested = []
+
+    def on_signal(signum, _frame):  # runs in the main thread, between wait() slices
+        stop_requested.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        srv = make_server(args, token)
+    except (ValueError, TypeError) as e:  # what only the shard's own checks know
+        build_parser().error(str(e).splitlines()[0])
+    failure = None
+    with _stderr_held() as grpc_said:
+        try:
+            srv.start()
+        except RuntimeError as e:  # e.g. the port is in use: Server.start() names host:port
+            failure = str(e)
+    if failure is not None:
+        return _fail(failure)
+    sys.stderr.write("".join(grpc_said))  # what gRPC said while starting, when it did start
     print(f"listening on {srv.address}", flush=True)
     while not srv.wait(0.2):
         if stop_requested:

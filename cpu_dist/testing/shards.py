@@ -1,15 +1,21 @@
 """Standalone PS shards (``python -m cpu_dist.sparse.server``) as tests and benchmarks start
 them: real processes, each printing ``listening on HOST:PORT`` once it serves, stopped with
-SIGTERM (and killed if that does not end them) when the block ends."""
+SIGTERM (and killed if that does not end them) when the block ends.
+
+One place builds the command and reads the first line, so a change of the server's command
+line or of its start-up line is made once, not in every test that needs a shard."""
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import IO
 
 Launch = Callable[[list[str]], subprocess.Popen]
+START_TIMEOUT_S = 60.0  # a shard serves within a second here; a loaded machine gets room
 
 
 def shard_argv(
@@ -43,7 +49,14 @@ def shard_argv(
 
 
 def _local(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, text=True)
+    # Its own session: a test's kill of the shard (or of its process group) touches nothing else.
+    return subprocess.Popen(
+        argv,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
@@ -55,6 +68,63 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait(timeout_s)
+
+
+def _forward(stream: IO[str]) -> None:
+    """Copy a running shard's standard error to ours (a full pipe would stall the shard)."""
+    for line in stream:
+        sys.stderr.write(line)
+
+
+def _first_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    out = proc.stdout
+    assert out is not None, "start shards with stdout=PIPE"
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(out.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return got[0] if got else ""
+
+
+def start_shard(
+    token_file: str,
+    dim: int,
+    *,
+    index: int = 0,
+    count: int = 1,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    extra: Sequence[str] = (),
+    launch: Launch | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> tuple[subprocess.Popen, str]:
+    """One shard, serving: ``(process, "host:port")``.  The caller stops it (:func:`stop`).
+    A shard that exits or stays silent for ``timeout_s`` is stopped and RuntimeError names
+    its exit code and the last of its standard error."""
+    argv = shard_argv(token_file, dim, index=index, count=count, host=host, port=port, extra=extra)
+    proc = (launch or _local)(argv)
+    line = _first_line(proc, timeout_s)
+    if not line.startswith("listening on "):
+        code = stop(proc, 10.0)
+        err = proc.stderr.read().strip() if proc.stderr else ""
+        raise RuntimeError(
+            f"shard {index} did not start (exit {code}): first line {line!r}"
+            + (f", stderr: {err[-2000:]}" if err else "")
+        )
+    if proc.stderr is not None:
+        threading.Thread(target=_forward, args=(proc.stderr,), daemon=True).start()
+    return proc, line.split()[-1]
+
+
+@contextlib.contextmanager
+def standalone_shard(token_file: str, dim: int, **kwargs) -> Iterator[tuple[str, subprocess.Popen]]:
+    """One shard for the block (:func:`start_shard`'s keywords): ``(address, process)``.
+    A test that asserts how it exits calls :func:`stop` itself inside the block."""
+    proc, address = start_shard(token_file, dim, **kwargs)
+    try:
+        yield address, proc
+    finally:
+        stop(proc)
 
 
 @contextlib.contextmanager
@@ -74,16 +144,17 @@ def standalone_shards(
     addresses = []
     try:
         for i in range(count):
-            host = hosts[i] if hosts else "127.0.0.1"
-            argv = shard_argv(token_file, dim, index=i, count=count, host=host, extra=extra)
-            start = launch[i] if isinstance(launch, Sequence) else (launch or _local)
-            proc = start(argv)
+            proc, address = start_shard(
+                token_file,
+                dim,
+                index=i,
+                count=count,
+                host=hosts[i] if hosts else "127.0.0.1",
+                extra=extra,
+                launch=launch[i] if isinstance(launch, Sequence) else launch,
+            )
             procs.append(proc)
-            assert proc.stdout is not None, "start shards with stdout=PIPE"
-            line = proc.stdout.readline()
-            if not line.startswith("listening on "):
-                raise RuntimeError(f"shard {i} did not start (exit {proc.poll()}): {line!r}")
-            addresses.append(line.split()[-1])
+            addresses.append(address)
         yield addresses, procs
     finally:
         for p in procs:
