@@ -19,6 +19,7 @@ import pytest
 
 from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import Client, row_init
+from cpu_dist.testing.shards import standalone_shard, stop
 
 pytestmark = pytest.mark.timeout(120)
 DIM, TOKEN, SCALE = 4, "fault-token", 0.1
@@ -28,28 +29,9 @@ DIM, TOKEN, SCALE = 4, "fault-token", 0.1
 def shard(tmp_path):
     token_file = tmp_path / "token"
     write_token_file(str(token_file), TOKEN)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cpu_dist.sparse.server",
-            "--port",
-            "0",
-            "--dim",
-            str(DIM),
-            "--token-file",
-            str(token_file),
-            "--init-scale",
-            str(SCALE),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline()
-    assert line.startswith("listening on "), line
-    yield line.split()[-1]
-    proc.terminate()
-    assert proc.wait(30) == 0
+    with standalone_shard(str(token_file), DIM, extra=["--init-scale", str(SCALE)]) as (addr, p):
+        yield addr
+        assert stop(p) == 0  # the shard survived the lost rank and stops cleanly
 
 
 RANK1 = textwrap.dedent("""

@@ -9,6 +9,7 @@ import pytest
 
 from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import Client, PSError, Server
+from cpu_dist.testing.shards import standalone_shard, stop
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN, DIM, SEED = "ckpt-token", 8, 5
@@ -208,41 +209,17 @@ def test_refusals_without_directory_with_open_session_or_off_the_boundary(shards
 
 def test_standalone_server_saves_and_loads_on_request(tmp_path):
     """python -m cpu_dist.sparse.server --checkpoint-dir: the Save/Load RPCs for tools."""
-    import subprocess
-    import sys
-
     token = tmp_path / "token"
     write_token_file(str(token), TOKEN)
-    procs = []
-    try:
-        addrs = []
-        for _ in range(2):
-            p = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cpu_dist.sparse.server",
-                    "--port",
-                    "0",
-                    "--dim",
-                    str(DIM),
-                    "--token-file",
-                    str(token),
-                    "--checkpoint-dir",
-                    str(tmp_path / "ck"),
-                ],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            procs.append(p)
-            addrs.append(p.stdout.readline().split()[-1])
-        a, b = (Client([x], TOKEN, DIM, timeout_s=30.0) for x in addrs)
+    extra = ["--checkpoint-dir", str(tmp_path / "ck")]  # two shards 0 of 1: one file serves both
+    with (
+        standalone_shard(str(token), DIM, extra=extra) as (addr_a, proc_a),
+        standalone_shard(str(token), DIM, extra=extra) as (addr_b, proc_b),
+    ):
+        a, b = (Client([x], TOKEN, DIM, timeout_s=30.0) for x in (addr_a, addr_b))
         train_some(a)
         res = a.save(["one/shard.bin"], 3)
         assert (tmp_path / "ck" / "one" / "shard.bin").stat().st_size == res[0]["bytes"]
         assert b.load(["one/shard.bin"], [res[0]["bytes"]], [res[0]["checksum"]])[0]["step"] == 3
         assert_same(dump(b), dump(a))
-    finally:
-        for p in procs:
-            p.terminate()
-            assert p.wait(30) == 0
+        assert (stop(proc_a), stop(proc_b)) == (0, 0)
