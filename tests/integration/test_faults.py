@@ -3,12 +3,15 @@ within a bounded time, and the messages name the lost rank.  Real mpirun jobs, r
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 import pytest
 
 from cpu_dist.common.tokens import write_token_file
+from cpu_dist.testing.shards import standalone_shard
 
 from .jobctl import Job
 from .launch import SMALL
@@ -106,36 +109,9 @@ def test_shutdown_under_load_drains_what_it_acknowledged():
 def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
     """No mpirun teardown to help: the shard is a process of its own (--ps_list).  The
     workers' next RPC fails, and the job ends naming the shard and its address."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from .launch import ROOT
-
     token = tmp_path / "token"
     write_token_file(str(token), "fault-token")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cpu_dist.sparse.server",
-            "--port",
-            "0",
-            "--dim",
-            "8",
-            "--token-file",
-            str(token),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        line = server.stdout.readline()  # "listening on HOST:PORT", printed once serving
-        assert line.startswith("listening on "), line
-        addr = line.split()[-1]
+    with standalone_shard(str(token), 8) as (addr, server):
         job = Job(
             2,
             [
@@ -161,9 +137,6 @@ def test_lost_external_shard_is_named_within_the_rpc_timeout(tmp_path):
             took = time.monotonic() - killed_at
         finally:
             job.kill_all()
-    finally:
-        server.kill()
-        server.wait(10)
     print(f"FIGURE kill -9 external shard: job exited {rc} after {took:.2f} s")
     assert rc != 0
     assert took < 10 + 20, took  # the RPC timeout, plus MPI_Abort's teardown

@@ -8,13 +8,12 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from cpu_dist.common.tokens import write_token_file
+from cpu_dist.testing.shards import standalone_shard, stop
 
 from .launch import SMALL, mpirun
 from .test_equivalence import assert_same_model, reference
@@ -31,29 +30,8 @@ def free_port() -> int:
 def test_workers_use_shards_started_elsewhere(tmp_path):
     token = tmp_path / "token"
     write_token_file(str(token), "external-secret")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cpu_dist.sparse.server",
-            "--port",
-            "0",
-            "--dim",
-            "8",
-            "--token-file",
-            str(token),
-            "--seed",
-            "0",
-            "--init-scale",
-            str(8**-0.5),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = server.stdout.readline()
-        assert line.startswith("listening on "), line
-        address = line.split()[-1]
+    extra = ["--seed", "0", "--init-scale", str(8**-0.5)]
+    with standalone_shard(str(token), 8, extra=extra) as (address, server):
         out = tmp_path / "ext.npz"
         proc = mpirun(
             2,
@@ -82,9 +60,7 @@ def test_workers_use_shards_started_elsewhere(tmp_path):
         )
         assert proc.returncode != 0
         assert "UNAUTHENTICATED" in proc.stderr and address in proc.stderr
-    finally:
-        server.terminate()
-        assert server.wait(30) == 0
+        assert stop(server) == 0
 
 
 def test_ps_ranks_listen_on_the_given_addresses(tmp_path):
