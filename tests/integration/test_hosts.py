@@ -1,7 +1,8 @@
 """Jobs whose parts sit on other hosts: network namespaces of this machine joined by veth
 links (cpu_dist/testing/netlab.py).  Real shards, real mpirun, real gRPC across the links;
 each job's model must equal the same job on one host bit for bit.  Skipped, with the reason,
-only where this machine cannot make network namespaces."""
+only where this machine cannot make network namespaces (a failure instead under
+CPU_DIST_REQUIRE=netlab, as .ci/run sets)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .launch import ROOT, SMALL, mpirun
 REASON = unavailable()
 pytestmark = [
     pytest.mark.timeout(600),
+    pytest.mark.netlab,  # under CPU_DIST_REQUIRE=netlab (.ci/run) this skip is a failure
     pytest.mark.skipif(REASON is not None, reason=f"no network lab here: {REASON}"),
 ]
 LAUNCHER = str(ROOT / "launcher.py")
