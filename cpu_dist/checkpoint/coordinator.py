@@ -66,6 +66,28 @@ MUST_MATCH = (
 )
 
 
+def checkpoint_to_resume(cfg: Config) -> Manifest | None:
+    """The newest complete checkpoint under ``--checkpoint-dir``, checked against this job
+    before anything is loaded (format, table, dim, the must-match settings, every file's
+    presence and size, the dense file's checksum); None when there is none.  Raises
+    CheckpointError naming the file.  The preflight calls it, so a bad checkpoint stops the
+    job before anything starts, and the restore calls it again for what it loads."""
+    if cfg.checkpoint.dir is None:
+        return None
+    m = find_latest(Path(cfg.checkpoint.dir).resolve())
+    if m is None:
+        return None
+    check_matches(
+        m,
+        dim=cfg.model.embedding_dim,
+        table=TABLE,
+        config=cfg.settings(),
+        must_match=MUST_MATCH,
+    )
+    check_files(m)
+    return m
+
+
 class Commits(Protocol):
     """What a checkpoint needs from the commit protocol (cpu_dist.sparse.commits)."""
 
@@ -173,7 +195,7 @@ class Checkpointer:
         assert self.root is not None
         info = None
         if self.chief:
-            m = find_latest(self.root)
+            m = checkpoint_to_resume(self.cfg)
             if m is None:
                 print(
                     f"cpu_dist: --resume: no complete checkpoint in {self.root}; starting at "
@@ -182,14 +204,6 @@ class Checkpointer:
                     flush=True,
                 )
             else:
-                check_matches(
-                    m,
-                    dim=self.cfg.model.embedding_dim,
-                    table=TABLE,
-                    config=self.cfg.settings(),
-                    must_match=MUST_MATCH,
-                )
-                check_files(m)
                 assert m.path is not None
                 # Take the shards over: sessions a crashed job left open are aborted (their
                 # unfinished steps dropped), then the rows are replaced by the checkpoint's.

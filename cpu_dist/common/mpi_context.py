@@ -23,6 +23,22 @@ from cpu_dist.common.addresses import choose_publish_address, interface_address,
 
 T = TypeVar("T")
 
+# Where a job's errors come with a traceback: "1" for every failure, "0" for none; unset, only
+# unexpected failures (bugs) show one.  The one switch, documented in the README ("Errors").
+TRACEBACK_ENV = "CPU_DIST_TRACEBACK"
+EXIT_ERROR = 2  # an expected failure: the code a bad flag gets, for the whole job
+EXIT_BUG = 1  # anything else
+
+
+class JobError(RuntimeError):
+    """A verdict every rank reached together (one exchange said so): world rank 0 prints it
+    as one ``launcher.py: error:`` line and every rank exits 2, without an abort."""
+
+
+def _traceback_wanted(expected: bool) -> bool:
+    switch = os.environ.get(TRACEBACK_ENV, "")
+    return switch == "1" or (switch != "0" and not expected)
+
 
 @dataclass
 class Roles:
@@ -69,13 +85,20 @@ def ps_listen_host(roles: Roles, requested: str | None, interface: str | None = 
     else ``--ps-interface``'s address, else loopback when the whole job is on one node, else
     the address other nodes reach this one at (``cpu_dist.common.addresses``).  Collective."""
     nodes = roles.world.allgather(this_node())
-    if requested:
-        return requested
-    if interface:
-        return interface_address(interface)
-    if all(n == nodes[0] for n in nodes):
-        return "127.0.0.1"
-    return choose_publish_address(nodes[roles.rank], nodes)
+    host, error = requested, None
+    try:
+        if not host and interface:
+            host = interface_address(interface)
+        elif not host:
+            same = all(n == nodes[0] for n in nodes)
+            host = "127.0.0.1" if same else choose_publish_address(nodes[roles.rank], nodes)
+    except RuntimeError as exc:  # the verdict is shared: one message, every rank exits 2
+        error = f"rank {roles.rank}: {exc}"
+    errors = [e for e in roles.world.allgather(error) if e]
+    if errors:
+        raise JobError(errors[0])
+    assert host is not None
+    return host
 
 
 def exchange_ps_addresses(roles: Roles, address: str | None, error: str | None) -> list[str]:
@@ -83,7 +106,7 @@ def exchange_ps_addresses(roles: Roles, address: str | None, error: str | None) 
     items = roles.world.allgather((roles.rank, address, error))
     failures = [f"rank {r}: {e}" for r, _, e in items if e]
     if failures:
-        raise RuntimeError("PS shard failed to start: " + "; ".join(failures))
+        raise JobError("PS shard failed to start: " + "; ".join(failures))
     return [a for r, a, _ in items if r >= roles.worker_num]
 
 
@@ -106,17 +129,39 @@ def wait_all(comm: MPI.Intracomm, timeout_s: float, what: str, poll_s: float = 0
         time.sleep(poll_s)
 
 
-def run_or_abort(fn: Callable[[], T], describe: Callable[[], str]) -> T:
-    """Run a rank's main; any exception ends the whole job with a message naming the rank."""
+def run_or_abort(
+    fn: Callable[[], T],
+    describe: Callable[[], str],
+    expected: tuple[type[BaseException], ...] = (),
+) -> T | int:
+    """Run a rank's main.  A ``JobError`` (every rank has it) returns 2 with one message from
+    world rank 0; an ``expected`` failure (unreachable shard, corrupt data, ...) prints one
+    ``launcher.py: error:`` line naming the rank and the cause and ends the whole job with
+    code 2; anything else is a bug: its message and traceback, and code 1.  Tracebacks follow
+    ``$CPU_DIST_TRACEBACK`` (``_traceback_wanted``)."""
     try:
         return fn()
     except SystemExit:
         raise
+    except JobError as exc:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            sys.stderr.write(f"launcher.py: error: {exc}\n")
+            if _traceback_wanted(expected=True):
+                traceback.print_exc(file=sys.stderr)
+            sys.stderr.flush()
+        return EXIT_ERROR
+    except expected as exc:
+        sys.stderr.write(f"launcher.py: error: {describe()} failed: {type(exc).__name__}: {exc}\n")
+        if _traceback_wanted(expected=True):
+            traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(EXIT_ERROR)
+        raise
     except BaseException as exc:
         who = describe()
         sys.stderr.write(f"cpu_dist: {who} failed: {type(exc).__name__}: {exc}\n")
-        if os.environ.get("CPU_DIST_TRACEBACK", "1") != "0":
+        if _traceback_wanted(expected=False):
             traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        MPI.COMM_WORLD.Abort(EXIT_BUG)
         raise

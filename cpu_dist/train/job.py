@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import sys
 
+from cpu_dist.checkpoint.manifest import CheckpointError
 from cpu_dist.common.config import Config
+from cpu_dist.common.files import OutputError
 from cpu_dist.common.mpi_context import (
     Roles,
     exchange_ps_addresses,
@@ -15,18 +16,43 @@ from cpu_dist.common.mpi_context import (
 )
 from cpu_dist.common.threads import share_cores, workers_on_this_node
 from cpu_dist.common.tokens import TokenError, external_token
+from cpu_dist.data.layout import LayoutError
+from cpu_dist.data.tsv_parse import CriteoFormatError
+from cpu_dist.serving.bundle import BundleError
 from cpu_dist.sparse import PSError
 from cpu_dist.train.preflight import SetupError, preflight
 
+# Failures a user can cause and fix, reported as one ``launcher.py: error:`` line with exit
+# code 2 (``run_or_abort``): a shard lost or refusing, a checkpoint or data file that cannot be
+# used, an output path refused, a bound that ran out, memory that cannot be had.  Anything else
+# is a bug and keeps its traceback.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    PSError,
+    CheckpointError,
+    TokenError,
+    CriteoFormatError,
+    LayoutError,
+    BundleError,
+    OutputError,
+    TimeoutError,
+    MemoryError,
+)
 
-def _name_shard_rank(message: str, roles: Roles, external: bool) -> str:
-    """Adds the world rank of the shard a failed RPC names ("shard I (ADDR): ..."), so that
-    a lost PS rank is named the way mpirun names ranks."""
-    m = re.match(r"shard (\d+) ", message)
-    if m is None or external:
-        return message
-    shard = int(m.group(1))
-    return f"PS shard {shard} = world rank {roles.worker_num + shard}: {message}"
+
+def _name_shard_rank(exc: PSError, roles: Roles, external: bool) -> PSError:
+    """The same error, its message prefixed with the world rank of the shard it names (a PS
+    rank of this job), so that a lost PS rank is named the way mpirun names ranks.  The
+    shard, its address and the status code are the error's attributes (no parsing)."""
+    shard = getattr(exc, "shard", None)
+    if shard is None or external:
+        return exc
+    renamed = PSError(f"PS shard {shard} = world rank {roles.worker_num + shard}: {exc}")
+    for attr in ("shard", "address", "code"):
+        try:
+            setattr(renamed, attr, getattr(exc, attr, None))
+        except AttributeError:  # a binding whose attributes are read-only keeps its own
+            pass
+    return renamed
 
 
 def run_job(cfg: Config, roles: Roles) -> int:
@@ -41,14 +67,9 @@ def run_job(cfg: Config, roles: Roles) -> int:
             problem = str(exc)
     problem = roles.world.bcast(problem, root=0)
     token, session = share_job_secret(roles, shards_token) if problem is None else ("", 0)
-    try:
-        if problem is not None:
-            raise SetupError(problem)
-        preflight(cfg, roles, token)
-    except SetupError as exc:
-        if roles.rank == 0:
-            print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+    if problem is not None:
+        raise SetupError(problem)  # every rank: rank 0 prints it (run_or_abort), all exit 2
+    preflight(cfg, roles, token)
     job_host = ps_listen_host(roles, cfg.job.ps_host, cfg.job.ps_interface)
     if cfg.job.ps_type.lower() == "rdma":
         if job_host != "127.0.0.1" and roles.rank == 0:
@@ -72,7 +93,10 @@ def run_job(cfg: Config, roles: Roles) -> int:
         try:
             train_worker(cfg, roles, token, session, addresses, stop_shards=not external)
         except PSError as exc:
-            raise PSError(_name_shard_rank(str(exc), roles, external)) from exc
+            renamed = _name_shard_rank(exc, roles, external)
+            if renamed is exc:
+                raise
+            raise renamed from exc
     else:
         from cpu_dist.train.ps_rank import run_ps_rank
 

@@ -9,15 +9,17 @@ from pathlib import Path
 
 import numpy as np
 
-from cpu_dist.checkpoint.manifest import find_latest
+from cpu_dist.checkpoint.coordinator import checkpoint_to_resume
+from cpu_dist.checkpoint.manifest import CheckpointError, find_latest
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
-from cpu_dist.common.mpi_context import Roles
-from cpu_dist.sparse import Client
+from cpu_dist.common.mpi_context import JobError, Roles
+from cpu_dist.sparse import Client, PSError
 
 
-class SetupError(RuntimeError):
-    """The job cannot start as configured; the message says why and what to do."""
+class SetupError(JobError):
+    """The job cannot start as configured; the message says why and what to do.  Raised on
+    every rank (the verdict is broadcast), so every rank exits 2 with one message."""
 
 
 def _checkpoint_to_resume(cfg: Config) -> bool:
@@ -26,9 +28,16 @@ def _checkpoint_to_resume(cfg: Config) -> bool:
 
 def check_checkpoint_dir(cfg: Config) -> None:
     """A fresh run must not share a directory with another run's checkpoints: it would prune
-    them, or a later --resume would continue the wrong run."""
+    them, or a later --resume would continue the wrong run.  A resume's checkpoint must be
+    whole and match the job (``checkpoint_to_resume``)."""
     ck = cfg.checkpoint
-    if ck.dir is None or ck.resume:
+    if ck.dir is None:
+        return
+    if ck.resume:
+        try:
+            checkpoint_to_resume(cfg)
+        except CheckpointError as exc:
+            raise SetupError(str(exc)) from None
         return
     latest = find_latest(Path(ck.dir))
     if latest is not None:
@@ -73,6 +82,11 @@ def check_external_shards(cfg: Config, token: str) -> None:
     client = Client(addresses, token, cfg.model.embedding_dim, timeout_s=cfg.client.rpc_timeout_s)
     try:
         health = client.health()
+    except PSError as exc:
+        hint = ""
+        if getattr(exc, "code", None) == "UNAUTHENTICATED" or "UNAUTHENTICATED" in str(exc):
+            hint = " (--token-file or $CPU_DIST_TOKEN must hold the shards' own token)"
+        raise SetupError(f"--ps_list: {exc}{hint}") from None
     finally:
         client.close()
     for i, (address, h) in enumerate(zip(addresses, health)):
