@@ -16,8 +16,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import subprocess
-import sys
 import time
 
 import grpc
@@ -27,6 +25,7 @@ import pytest
 from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import Client, Server
 from cpu_dist.sparse.grpc_stubs import generate, token_metadata
+from cpu_dist.testing.shards import standalone_shard
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "fuzz-token-0123456789abcdef"
@@ -376,25 +375,9 @@ def shard_process(tmp_path, max_message_mb: int):
     """A shard in a process of its own (its memory is its own), and its pid and address."""
     tf = tmp_path / "token"
     write_token_file(str(tf), TOKEN)
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cpu_dist.sparse.server",
-            *("--port", "0", "--dim", str(DIM), "--token-file", str(tf)),
-            *("--max-message-mb", str(max_message_mb)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = p.stdout.readline().strip()
-        assert line.startswith("listening on "), (line, p.stderr.read() if p.poll() else "")
-        yield p.pid, line.split()[-1]
-    finally:
-        p.terminate()
-        p.wait(30)
+    extra = ["--max-message-mb", str(max_message_mb)]
+    with standalone_shard(str(tf), DIM, extra=extra) as (address, p):
+        yield p.pid, address
 
 
 def test_a_huge_body_without_the_token_is_refused_before_it_is_read(tmp_path, pb):

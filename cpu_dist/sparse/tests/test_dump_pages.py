@@ -3,14 +3,13 @@ bounded by a page, pages hold whole partitions (a partition bigger than the page
 key ranges), and dump_pages streams them holding at most one page per shard."""
 
 import contextlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from cpu_dist.common.tokens import write_token_file
 from cpu_dist.sparse import NUM_PARTITIONS, Client, partition_of, row_init
+from cpu_dist.testing.shards import standalone_shard
 
 from .conftest import TOKEN
 
@@ -23,20 +22,9 @@ def shard_process(tmp_path, dim: int, seed: int = 3, scale: float = 0.25):
     """A shard in a process of its own, so that its memory is its own."""
     tf = tmp_path / "token"
     write_token_file(str(tf), TOKEN)
-    args = ["--port", "0", "--dim", str(dim), "--token-file", str(tf), "--seed", str(seed)]
-    p = subprocess.Popen(
-        [sys.executable, "-m", "cpu_dist.sparse.server", *args, "--init-scale", str(scale)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = p.stdout.readline().strip()
-        assert line.startswith("listening on "), (line, p.stderr.read() if p.poll() else "")
-        yield line.split()[-1]
-    finally:
-        p.terminate()
-        p.wait(30)
+    extra = ["--seed", str(seed), "--init-scale", str(scale)]
+    with standalone_shard(str(tf), dim, extra=extra) as (address, _):
+        yield address
 
 
 @pytest.mark.timeout(300)
