@@ -74,7 +74,10 @@ class TableConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     batch_size: int = 2048  # global
+    # Steps to train.  Before training it is resolved against the data
+    # (cpu_dist/data/run_length.py): file data without --max_step trains its --epochs.
     max_step: int = 300
+    max_step_given: bool = False  # --max_step was on the command line
     lr: float = 0.5
     sparse_lr: float = 0.5
     dense_optimizer: str = "sgd"
@@ -96,7 +99,9 @@ class DataConfig:
     # on every table (DLRM's); None: 2**32, raw values kept.
     num_embeddings_per_feature: tuple[int, ...] | None = None
     max_ind_range: int | None = None
-    epochs: int = 1  # passes over file data; the synthetic stream is endless
+    # Passes over file data (the synthetic stream is endless); None: as many as --max_step
+    # takes (it was given and --epochs was not).
+    epochs: int | None = 1
     shuffle: bool = False  # file data: each epoch's batch order drawn from (seed, epoch)
 
 

@@ -150,8 +150,8 @@ def add_data_flags(p: argparse.ArgumentParser) -> None:
         "--epochs",
         type=int,
         default=None,
-        help="Criteo: passes over the training data (default 1); training stops at "
-        "--max_step or after them",
+        help="Criteo: passes over the training data (default 1, or as many as --max_step "
+        "takes when it is given); with both, training stops at whichever comes first",
     )
     d.add_argument(
         "--shuffle",
@@ -189,7 +189,13 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=TrainConfig.batch_size, help="global batch size"
     )
     t.add_argument(
-        "--max_step", "--max-step", dest="max_step", type=int, default=TrainConfig.max_step
+        "--max_step",
+        "--max-step",
+        dest="max_step",
+        type=int,
+        default=None,
+        help=f"training steps (default: {TrainConfig.max_step} on synthetic data; file data "
+        "trains --epochs passes, one by default)",
     )
     t.add_argument("--lr", type=float, default=TrainConfig.lr)
     t.add_argument("--sparse-lr", type=float, default=None, help="default: --lr")

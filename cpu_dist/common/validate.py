@@ -132,15 +132,16 @@ def _model(a: argparse.Namespace) -> ModelConfig:
 def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
     if a.batch_size <= 0 or a.batch_size % workers:
         raise ConfigError(f"--batch-size {a.batch_size} is not divisible by --worker-num {workers}")
-    if a.max_step < 0:
-        raise ConfigError(f"--max_step {a.max_step}: must be >= 0")
+    if a.max_step is not None and a.max_step < 1:
+        raise ConfigError(f"--max_step {a.max_step}: must be >= 1 (a run that trains no step)")
     _positive(a.lr, "--lr")
     _positive(a.sparse_lr, "--sparse-lr")
     if not 0 <= a.max_staleness <= 63:
         raise ConfigError(f"--max-staleness {a.max_staleness}: must be in 0..63")
     return TrainConfig(
         batch_size=a.batch_size,
-        max_step=a.max_step,
+        max_step=a.max_step if a.max_step is not None else TrainConfig.max_step,
+        max_step_given=a.max_step is not None,
         lr=a.lr,
         sparse_lr=a.sparse_lr if a.sparse_lr is not None else a.lr,
         dense_optimizer=a.dense_optimizer,
@@ -221,9 +222,19 @@ def data_config(a: argparse.Namespace) -> DataConfig:
         zipf_exponent=a.zipf_exponent,
         num_embeddings_per_feature=sizes,
         max_ind_range=a.max_ind_range,
-        epochs=a.epochs if a.epochs is not None else DataConfig.epochs,
+        epochs=_epochs(a),
         shuffle=a.shuffle,
     )
+
+
+def _epochs(a: argparse.Namespace) -> int | None:
+    """--epochs, else one pass, unless --max_step alone says how long to train (then the
+    passes go on until it: None)."""
+    if a.epochs is not None:
+        return int(a.epochs)
+    if a.data != "synthetic" and getattr(a, "max_step", None) is not None:
+        return None
+    return DataConfig.epochs
 
 
 def _client(a: argparse.Namespace) -> ClientConfig:

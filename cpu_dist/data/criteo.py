@@ -72,7 +72,7 @@ class CriteoTSV(FileDataset):
         eval_every: int = 10,
         *,
         hash_sizes: Sequence[int] | None = None,
-        epochs: int = 1,
+        epochs: int | None = 1,
         shuffle: bool = False,
         seed: int = 0,
     ) -> None:

@@ -43,7 +43,7 @@ class CriteoBinary(FileDataset):
         *,
         hash_sizes: Sequence[int] | None = None,
         eval_every: int = 10,
-        epochs: int = 1,
+        epochs: int | None = 1,
         shuffle: bool = False,
         seed: int = 0,
     ) -> None:

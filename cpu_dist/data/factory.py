@@ -54,7 +54,7 @@ def make_dataset(
     max_ind_range: int | None = None,
     skip_bad_lines: bool = False,
     eval_every: int = 10,
-    epochs: int = 1,
+    epochs: int | None = 1,
     shuffle: bool = False,
 ) -> Dataset:
     """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse; endless),

@@ -20,8 +20,9 @@ from cpu_dist.data.tsv_parse import NUM_DENSE, NUM_SPARSE, Rows
 class FileDataset:
     """Global batches, worker shares, eval and test batches of a Criteo file.
 
-    ``epochs`` passes over the train split (default 1), in file order or, with ``shuffle``,
-    in a block order drawn from ``(seed, epoch)`` (:class:`~cpu_dist.data.splits.BatchOrder`).
+    ``epochs`` passes over the train split (default 1; None: endless, the caller stops after
+    its step count), in file order or, with ``shuffle``, in a block order drawn from
+    ``(seed, epoch)`` (:class:`~cpu_dist.data.splits.BatchOrder`).
     Eval and test batches are always the first batches of their split, in file order."""
 
     kind = "criteo"
@@ -32,17 +33,18 @@ class FileDataset:
         self,
         *,
         hash_sizes: Sequence[int] | None,
-        epochs: int,
+        epochs: int | None,
         shuffle: bool,
         seed: int,
     ) -> None:
         sizes = tuple(hash_sizes) if hash_sizes is not None else (CRITEO_DEFAULT_HASH_SIZE,) * 26
         if len(sizes) != NUM_SPARSE:
             raise ValueError(f"{len(sizes)} hash sizes for {NUM_SPARSE} sparse features")
-        if epochs < 1:
+        if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
         self.hash_sizes = sizes
-        self.epochs, self.shuffle, self.seed = int(epochs), bool(shuffle), int(seed)
+        self.epochs = None if epochs is None else int(epochs)
+        self.shuffle, self.seed = bool(shuffle), int(seed)
         self._orders: dict[int, BatchOrder] = {}
 
     # --- what a subclass provides -------------------------------------------------------------
@@ -66,11 +68,18 @@ class FileDataset:
             self._orders[batch_size] = order
         return order
 
-    def num_steps(self, batch_size: int) -> int:
-        """Training steps of all epochs at this global batch size."""
-        steps = self._order(batch_size).num_steps
-        assert steps is not None
-        return steps
+    def num_steps(self, batch_size: int) -> int | None:
+        """Training steps of all epochs at this global batch size (None: endless)."""
+        return self._order(batch_size).num_steps
+
+    def train_rows(self) -> int:
+        """Rows of the training split (a partial last batch of an epoch is not trained)."""
+        train = self.split("train")
+        return len(train) if train is not None else 0
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Full global batches in one pass over the training split."""
+        return self._order(batch_size).steps_per_epoch
 
     def _batch(self, split: Split, a: int, b: int) -> Batch:
         rows = self.read_rows(split.positions(a, b))

@@ -10,6 +10,7 @@ runs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.data import WorkerBatches, dataset_for, eval_batches
+from cpu_dist.data.run_length import run_length
 from cpu_dist.dense.allreduce import broadcast_parameters
 from cpu_dist.dense.sync import make_dense_sync
 from cpu_dist.export import export_from_client
@@ -81,6 +83,11 @@ class Worker:
         # are the training's traffic alone (what --ps-compression changes).
         self.eval_client = make_client(cfg, token, addresses, compression="none")
         self.dataset = dataset_for(cfg.data, cfg.train.seed)
+        # The step count, decided once against the data; everything below sees it as max_step.
+        self.length = run_length(cfg.train, cfg.data, self.dataset)
+        cfg = self.cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, max_step=self.length.steps)
+        )
         self.embedding = ShardedEmbedding(self.client, cfg.model.embedding_dim)
         self.model = build_dlrm(
             self.embedding,
@@ -110,9 +117,10 @@ class Worker:
         self.pipeline = make_pipeline(
             cfg, self.client, self.committer, self.comm, self.dataset, self.timer
         )
-        self.log = metrics.RunLog(
-            cfg.output.metrics_out if self.chief else None,
-            cfg.output.tensorboard if self.chief else None,
+        self.done = self.start >= cfg.train.max_step  # a resume of a finished run
+        self.log = metrics.RunLog(  # (which leaves the earlier run's logs as they are)
+            cfg.output.metrics_out if self.chief and not self.done else None,
+            cfg.output.tensorboard if self.chief and not self.done else None,
         )
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         # This worker's shares, prepared ahead on a background thread (cpu_dist/data/loader.py).
@@ -185,8 +193,29 @@ class Worker:
         with self.timer("optimizer"):  # (and all-gather the parameters, under reduce_scatter)
             self.dense.step()
 
+    def _nothing_to_do(self, stop_shards: bool) -> None:
+        """A resume whose checkpoint is at or past the step count: a requeued job that had
+        finished ends at once, successfully, touching nothing."""
+        self._batches.close()
+        self.pipeline.finish(self.start - 1)
+        if self.chief:
+            print(
+                f"nothing to do: checkpoint at step {self.start}, --max_step "
+                f"{self.cfg.train.max_step}",
+                flush=True,
+            )
+        self.log.close()
+        wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")
+        if self.chief and stop_shards:
+            self.client.shutdown()
+
     def run(self, stop_shards: bool) -> None:
         cfg = self.cfg
+        if self.done:
+            self._nothing_to_do(stop_shards)
+            return
+        if self.chief:
+            print(f"cpu_dist: {self.length.describe()}", flush=True)
         bar = metrics.progress(
             cfg.train.max_step, enabled=self.chief and cfg.output.progress, initial=self.start
         )
