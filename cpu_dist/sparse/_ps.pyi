@@ -104,6 +104,7 @@ class Server:
         ssd_dir: str = "",
         admit_after: int = 0,
         expire_after: int = 0,
+        test_hooks: bool = False,
     ) -> None:
         """One shard.  ``token``: printable ASCII without spaces (it travels as call
         metadata).  ``session_idle_timeout_s``: commit sessions without a chunk, wait or close
@@ -115,8 +116,20 @@ class Server:
         (RESOURCE_EXHAUSTED), with it (an absolute directory; the shard makes its own RocksDB
         in it and removes it when it stops) the rows beyond go to SSD.  ``admit_after`` N (0,
         1: off) and ``expire_after`` S (0: off): the step rules of commits (csrc/table_rules.h).
+        ``test_hooks``: test-only pause points (``test_hold``); never set outside tests.
         ValueError on bad values."""
-    def start(self) -> int: ...
+    def start(self) -> int:
+        """Bind and serve; returns the bound port.  RuntimeError naming host:port when it
+        cannot listen ("address already in use": one port serves one shard)."""
+    # Test-only (csrc/test_hooks.h), on a server made with test_hooks=True (else
+    # RuntimeError); points: "pull_between_stripes" (a pull's gather after its first stripe),
+    # "save_frozen" (a Save with the table frozen).  A thread holds at most 60 s.
+    def test_hold(self, point: str) -> None:
+        """The next thread that reaches ``point`` holds there until test_release."""
+    def test_wait_held(self, point: str, timeout_s: float = 10.0) -> bool:
+        """True once a thread holds at ``point`` (within timeout_s)."""
+    def test_release(self, point: str) -> None:
+        """The thread held at ``point`` goes on."""
     @property
     def port(self) -> int: ...
     @property

@@ -34,8 +34,8 @@ class Refusal final : public Reactor {
   void OnDone() override { delete this; }
 };
 
-// A unary method: read the one request, run the method (on gRPC's thread, or on the blocking
-// worker for Save and Load), write the reply.
+// A unary method: read the one request, run the method (on gRPC's thread when it cannot block,
+// else on a BlockingWorker), write the reply.
 class UnaryCall final : public Reactor {
  public:
   UnaryCall(PsService& service, Method method, BlockingWorker* worker)
@@ -76,11 +76,26 @@ class UnaryCall final : public Reactor {
 // by gRPC (until OnDone), so it outlives whichever ends last.
 class WaitCall final : public Reactor {
  public:
-  WaitCall(PsService& service, const grpc::GenericCallbackServerContext& ctx)
-      : service_(service), ctx_(ctx) {
+  WaitCall(PsService& service, const grpc::GenericCallbackServerContext& ctx,
+           BlockingWorker& worker)
+      : service_(service), ctx_(ctx), worker_(worker) {
     StartRead(&req_);
   }
+  // Starting the wait reads the session's state under its mutex, which a step being applied
+  // holds: off the callback thread.
   void OnReadDone(bool ok) override {
+    worker_.post([this, ok] { start(ok); });
+  }
+  void OnCancel() override {
+    cancelled_.store(true);
+    const uint64_t id = id_.load();
+    if (id != 0 && service_.sessions().cancel_wait(id))
+      finish(Status(StatusCode::CANCELLED, "cancelled"));
+  }
+  void OnDone() override { unref(); }
+
+ private:
+  void start(bool ok) {
     if (!ok) {
       finish(Status(StatusCode::INVALID_ARGUMENT, "no request message"));
     } else {
@@ -97,15 +112,6 @@ class WaitCall final : public Reactor {
     }
     unref();
   }
-  void OnCancel() override {
-    cancelled_.store(true);
-    const uint64_t id = id_.load();
-    if (id != 0 && service_.sessions().cancel_wait(id))
-      finish(Status(StatusCode::CANCELLED, "cancelled"));
-  }
-  void OnDone() override { unref(); }
-
- private:
   // Answer a little before the caller's deadline so that it gets a reply, not
   // DEADLINE_EXCEEDED; calls without a deadline wait at most ten minutes.
   CommitSessions::Clock::time_point deadline() const {
@@ -139,6 +145,7 @@ class WaitCall final : public Reactor {
 
   PsService& service_;
   const grpc::GenericCallbackServerContext& ctx_;
+  BlockingWorker& worker_;
   grpc::ByteBuffer req_, resp_;
   std::atomic<uint64_t> id_{0};
   std::atomic<bool> cancelled_{false};
@@ -159,14 +166,38 @@ Reactor* PsCallService::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
     service_.count(&none, &none, st);
     return new Refusal(std::move(st));
   }
-  if (*method == Method::kWaitCommitted) return new WaitCall(service_, *ctx);
-  const bool blocking = *method == Method::kSave || *method == Method::kLoad;
-  return new UnaryCall(service_, *method, blocking ? &worker_ : nullptr);
+  if (*method == Method::kWaitCommitted) return new WaitCall(service_, *ctx, updates_);
+  return new UnaryCall(service_, *method, worker_for(*method));
+}
+
+BlockingWorker* PsCallService::worker_for(Method m) {
+  switch (m) {
+    case Method::kSave:
+    case Method::kLoad: return &worker_;
+    // The update lock (exclusive while a Save freezes the table or a step applies), a
+    // session's mutex (held while its step applies), or a whole pass over the index.
+    case Method::kPush:
+    case Method::kCommit:
+    case Method::kCloseSession:
+    case Method::kAbortSessions:
+    case Method::kDump:
+    case Method::kWaitCommitted: return &updates_;
+    // Stripe locks for a moment at most (a pull never waits on the update lock).
+    case Method::kPull:
+    case Method::kStats:
+    case Method::kHealth:
+    case Method::kShutdown: return nullptr;
+  }
+  return &updates_;
 }
 
 // ---- BlockingWorker ---------------------------------------------------------------------
 
-BlockingWorker::BlockingWorker() : thread_([this] { loop(); }) {}
+BlockingWorker::BlockingWorker(size_t threads) {
+  threads_.reserve(std::max<size_t>(1, threads));
+  for (size_t i = 0; i < std::max<size_t>(1, threads); ++i)
+    threads_.emplace_back([this] { loop(); });
+}
 
 BlockingWorker::~BlockingWorker() {
   {
@@ -174,7 +205,7 @@ BlockingWorker::~BlockingWorker() {
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  for (std::thread& t : threads_) t.join();
 }
 
 void BlockingWorker::post(std::function<void()> task) {
@@ -182,7 +213,7 @@ void BlockingWorker::post(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(task));
   }
-  cv_.notify_all();
+  cv_.notify_one();
 }
 
 void BlockingWorker::loop() {

@@ -12,17 +12,23 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "grpcpp/generic/async_generic_service.h"
 #include "service.h"
 
 namespace cpu_dist::ps {
 
-// One thread that runs long blocking work (Save, Load) in order, so that gRPC's own threads
-// keep serving pulls meanwhile.  The destructor runs what is queued, then joins.
+// Threads of the shard's own that run the calls that may block, so that gRPC's callback
+// threads never wait on a lock: with `threads` 1, long work (Save, Load) in order; with more,
+// the calls that may wait on the table's update lock or on a session applying a step (Commit,
+// Push, CloseSession, AbortSessions, Dump, the start of a WaitCommitted).  A blocked call then
+// holds one of these threads, never a callback thread, and the rest queue here (memory: their
+// requests, bounded by the server's memory quota).  The destructor runs what is queued, then
+// joins.
 class BlockingWorker {
  public:
-  BlockingWorker();
+  explicit BlockingWorker(size_t threads = 1);
   ~BlockingWorker();
   BlockingWorker(const BlockingWorker&) = delete;
   BlockingWorker& operator=(const BlockingWorker&) = delete;
@@ -35,8 +41,12 @@ class BlockingWorker {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
+
+// Threads for the calls that may block (not Save and Load): enough that a few calls waiting
+// on a frozen table leave others (a close, a long poll's start) served.
+inline constexpr size_t kUpdateThreads = 4;
 
 class PsCallService final : public grpc::CallbackGenericService {
  public:
@@ -45,8 +55,12 @@ class PsCallService final : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
  private:
+  // Where a method runs: null on gRPC's callback thread (it cannot block), else a worker.
+  BlockingWorker* worker_for(Method m);
+
   PsService& service_;
-  BlockingWorker worker_;
+  BlockingWorker updates_{kUpdateThreads};  // before worker_: Save/Load never wait on it
+  BlockingWorker worker_;                   // Save and Load, in order
 };
 
 }  // namespace cpu_dist::ps

@@ -54,6 +54,9 @@ Status CommitSessions::find_or_create(const CommitChunk& c, std::shared_ptr<Sess
         auto s = std::make_shared<Session>();
         s->world_size = c.world_size;
         s->base_step = c.base_step;
+        // Read in this order: an apply counted in applies_before noted its step before.
+        s->applies_before = applies_begun_.load();
+        s->others_upto = table_.max_step();
         s->closed.assign(c.world_size, false);
         touch(*s);
         sessions_.emplace(session, s);
@@ -71,7 +74,7 @@ Status CommitSessions::find_or_create(const CommitChunk& c, std::shared_ptr<Sess
                 Ended{-1,
                       absl::StrCat("evicted, the least recently active of ", limits_.max_sessions,
                                    " live sessions, to make room for session ", session),
-                      false});
+                      false, 0});
   }
 }
 
@@ -112,8 +115,8 @@ Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.dropped)  // the session ended while this chunk was on its way in
-      return ended_reply(ended_status(session, Ended{s.committed.load(), "", false}), step,
-                         s.committed.load(), committed);
+      return ended_reply(ended_status(session, Ended{s.committed.load(), "", false, s.base_step}),
+                         step, s.committed.load(), committed);
     touch(s);
     Stored stored;
     PS_RETURN_IF_ERROR(store(s, std::move(c), &stored));
@@ -264,9 +267,16 @@ size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks) 
     for (auto& [index, ch] : r.chunks)
       acc.add(ch.keys.data(), ch.grads.data(), ch.keys.size() / sizeof(int64_t));
   acc.divide(static_cast<float>(s.world_size));
+  // Before any row holds the step (Writes): the table's highest step, then the counts, then
+  // the session's own bound.
+  const int64_t job_step = s.base_step + step;
+  table_.note_step(job_step);
+  applies_begun_.fetch_add(1);
+  s.own_applies.fetch_add(1);
+  s.begun.store(step);
   // The step rules count on job steps: the session's step 0 is job step base_step.
   table_.commit_step(acc.keys().data(), acc.sums().data(), acc.size(), chunks.lr, chunks.optimizer,
-                     s.base_step + step);
+                     job_step);
   return acc.size();
 }
 

@@ -83,6 +83,18 @@ class CommitSessions {
     bool open = false;
   };
   Position position(uint64_t session) const;
+  // What bounds the session's steps in rows a pull gathered after reading its Position: read
+  // after the gather, from atomics and the session's constants (never its mutex, which an
+  // applying step holds).  A row whose last-update job step is L holds the session's step
+  // L - base only if L - base <= begun (the step had begun to apply when the gather ended),
+  // and only if L > others_upto, above every job step another session may have left in rows.
+  struct Writes {
+    bool known = false;  // the session exists or ended here (its base is fixed)
+    int64_t base = 0;
+    int64_t begun = -1;             // the highest step whose apply began
+    int64_t others_upto = kNoStep;  // INT64_MAX: any step may be another session's
+  };
+  Writes writes(uint64_t session) const;
 
   // Calls `done` at once (returning 0) if `step` is committed, otherwise registers a waiter
   // and returns its id (> 0); `done` then runs on commit or at expire_waiters past `deadline`.
@@ -125,6 +137,13 @@ class CommitSessions {
     int64_t base_step = 0;  // fixed by the session's first chunk
     std::atomic<int64_t> committed{-1};
     std::atomic<int64_t> last_active{0};  // Clock ticks of the last chunk, wait or close
+    // Row ownership (Writes): the highest step whose apply began; the shard's applies begun
+    // (by any session) when this one was created and by this one since; the highest job step
+    // in any row at creation.  All fixed or atomic: a pull reads them without mu.
+    std::atomic<int64_t> begun{-1};
+    uint64_t applies_before = 0;
+    std::atomic<uint64_t> own_applies{0};
+    int64_t others_upto = kNoStep;
     std::map<int64_t, StepChunks> steps;  // committed + 1 (pending) and later (held)
     uint64_t bytes = 0;                   // payload bytes of every stored step
     std::vector<bool> closed;
@@ -136,6 +155,7 @@ class CommitSessions {
     int64_t committed = -1;
     std::string why;  // empty: closed by its ranks
     bool aborted = false;
+    int64_t base = 0;  // the session's base_step
   };
   struct Waiter {
     uint64_t session;
@@ -193,6 +213,8 @@ class CommitSessions {
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;
   std::map<uint64_t, Ended> ended_;   // ended sessions (the most recent 4096)
   std::deque<uint64_t> ended_order_;  // oldest first
+  // Steps whose apply began, over every session (Writes: another session's apply since).
+  std::atomic<uint64_t> applies_begun_{0};
   mutable std::mutex waiters_mu_;
   uint64_t next_waiter_ = 1;
   std::map<uint64_t, Waiter> waiters_;

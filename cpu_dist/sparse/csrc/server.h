@@ -34,6 +34,7 @@ class PsServer {
   void stop(double drain_timeout_s);
 
   StatsResponse stats() const { return service_->stats(); }
+  TestHooks* test_hooks() { return service_->test_hooks(); }  // null unless options.test_hooks
   int port() const { return port_; }
   std::string address() const;
   const ServerOptions& options() const { return opts_; }

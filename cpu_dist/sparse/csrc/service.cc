@@ -81,10 +81,13 @@ std::optional<Method> method_of(const std::string& path) {
 PsService::PsService(const ServerOptions& opts, std::function<void()> on_shutdown)
     : opts_(opts),
       on_shutdown_(std::move(on_shutdown)),
+      hooks_(opts.test_hooks ? std::make_unique<TestHooks>() : nullptr),
       table_(opts.dim, opts.seed, opts.init_scale, opts.stripes, opts.max_blocks_per_stripe,
              TierOptions{opts.memory_rows, opts.ssd_dir, absl::StrCat("shard-", opts.shard_index)},
              RuleOptions{opts.admit_after, opts.expire_after}),
-      sessions_(table_, SessionLimits{opts.max_sessions, opts.max_held_bytes}) {}
+      sessions_(table_, SessionLimits{opts.max_sessions, opts.max_held_bytes}) {
+  table_.set_test_hooks(hooks_.get());
+}
 
 // ---- validation ---------------------------------------------------------------------
 
@@ -263,19 +266,28 @@ Status PsService::do_pull(PullRequest& r, BB* resp) {
   counters_.pull_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.pull_keys.fetch_add(n, std::memory_order_relaxed);
   // Read before the rows are gathered: they hold at least every step up to it.
-  PullExtras extras{std::nullopt, r.row_steps(), r.row_states()};
+  PullExtras extras{r.session(), std::nullopt, r.row_steps(), r.row_states()};
   if (r.has_session()) extras.session = sessions_.position(r.session());
   return write_rows(reinterpret_cast<const int64_t*>(r.keys().data()), n, enc, extras, resp);
 }
 
 namespace {
 
-// A row's PullResponse.row_steps byte: how many of the session's steps beyond `at` it holds.
-uint8_t steps_beyond(int64_t last_update, const CommitSessions::Position& at) {
-  // Nothing of the session yet, or an ended one: it applies nothing beyond its committed step.
-  if (!at.open || at.committed < 0 || last_update == kNoStep) return 0;
-  const int64_t d = last_update - at.base - at.committed;
-  return static_cast<uint8_t>(std::clamp<int64_t>(d, 0, 255));
+constexpr uint8_t kNoBound = 255;  // PullResponse.row_steps: the shard gives no bound
+
+// A row's PullResponse.row_steps byte: how many of the session's steps beyond `committed` (read
+// before the gather) the row holds, given what bounded the session's writes after it.  A step
+// of the session is in the row only if it had begun to apply (w.begun) and the row's job step
+// is not one another session may have left (w.others_upto); in between the shard cannot tell
+// whose the row's step is and says so (kNoBound) rather than guess.
+uint8_t steps_beyond(int64_t last_update, int64_t committed, const CommitSessions::Writes& w) {
+  if (!w.known || last_update == kNoStep || w.begun <= committed) return 0;
+  const int64_t step = last_update - w.base;  // both within 0..2^62 (commit.h kMaxStep)
+  // At or before `committed`: whoever wrote it, no later step of the session did (it would
+  // have raised the row's step).  Past `begun`: no step of the session.
+  if (step <= committed || step > w.begun) return 0;
+  if (last_update <= w.others_upto) return kNoBound;
+  return static_cast<uint8_t>(std::min<int64_t>(step - committed, kNoBound));
 }
 
 }  // namespace
@@ -333,8 +345,9 @@ Status PsService::write_rows(const int64_t* keys, size_t n, Encoding enc, const 
   p += payload;
   if (committed) p = wire::put_int64_field(kCommitted, *committed, p);
   if (steps_bytes > 0) {
+    const CommitSessions::Writes w = sessions_.writes(extras.session_id);  // after the gather
     p = wire::put_bytes_header(PullResponse::kRowStepsFieldNumber, steps_bytes, p);
-    for (size_t i = 0; i < n; ++i) *p++ = steps_beyond(steps[i], *extras.session);
+    for (size_t i = 0; i < n; ++i) *p++ = steps_beyond(steps[i], *committed, w);
   }
   if (states_bytes > 0) {
     p = wire::put_bytes_header(PullResponse::kRowStatesFieldNumber, states_bytes, p);

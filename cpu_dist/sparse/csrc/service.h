@@ -22,6 +22,7 @@
 #include "paging.h"
 #include "ps.pb.h"
 #include "table.h"
+#include "test_hooks.h"
 #include "token.h"
 
 namespace cpu_dist::ps {
@@ -55,6 +56,8 @@ struct ServerOptions {
   std::string ssd_dir;
   uint32_t admit_after = 0;
   uint32_t expire_after = 0;
+  // Test-only: pause points a test arms (test_hooks.h).  Never set outside tests.
+  bool test_hooks = false;
 };
 
 struct Counters {
@@ -92,6 +95,7 @@ class PsService {
   const ServerOptions& options() const { return opts_; }
   StatsResponse stats() const;
   CommitSessions& sessions() { return sessions_; }
+  TestHooks* test_hooks() { return hooks_.get(); }  // null unless ServerOptions::test_hooks
 
   // The token of a call's metadata (null: none), compared in constant time.
   grpc::Status check_token(const std::string* token) const;
@@ -143,6 +147,7 @@ class PsService {
   // What a pull's reply carries beside its rows (PullRequest's session, row_steps and
   // row_states): the session's position, read before the rows are gathered.
   struct PullExtras {
+    uint64_t session_id = 0;
     std::optional<CommitSessions::Position> session;
     bool steps = false;
     bool states = false;
@@ -157,6 +162,7 @@ class PsService {
 
   const ServerOptions opts_;
   std::function<void()> on_shutdown_;
+  std::unique_ptr<TestHooks> hooks_;  // before table_, which points at it
   ShardTable table_;
   CommitSessions sessions_;
   mutable Counters counters_;

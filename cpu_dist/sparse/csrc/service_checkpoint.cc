@@ -37,6 +37,7 @@ Status PsService::do_save(SaveRequest& r, BB* resp) {
   // From here until the file is written no update lands (pulls are still served), so the
   // session check below holds for the whole write.
   const ShardTable::Frozen frozen = table_.freeze();
+  if (hooks_ != nullptr) hooks_->reach(TestPoint::kSaveFrozen);  // test-only (test_hooks.h)
   if (r.check_session()) {
     const int64_t committed = sessions_.committed(r.session());
     if (committed != r.session_step())

@@ -1,6 +1,7 @@
 // CommitSessions: long polls (waiters) and the ends of sessions (closed by their ranks,
 // expired, evicted, aborted).  The chunk path is in commit.cc.
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "commit.h"
@@ -33,6 +34,7 @@ bool CommitSessions::end_session(uint64_t session, const std::shared_ptr<Session
     sp->steps.clear();
     sp->bytes = 0;
     how.committed = sp->committed.load();
+    how.base = sp->base_step;
   }
   forget(session, sp, how);
   return true;
@@ -72,6 +74,7 @@ Status CommitSessions::close(uint64_t session, uint32_t rank, int64_t* committed
   {
     std::lock_guard<std::mutex> slock(sp->mu);
     *committed_out = how.committed = sp->committed.load();
+    how.base = sp->base_step;
     if (sp->dropped) return Status::OK;  // ended meanwhile
     if (rank >= sp->world_size)
       return Status(StatusCode::INVALID_ARGUMENT,
@@ -103,7 +106,7 @@ size_t CommitSessions::expire_idle(Clock::time_point now, Clock::duration idle) 
   for (const auto& [id, sp] : stale) {
     if (sp->last_active.load() >= cutoff) continue;  // active again since
     ended += end_session(
-        id, sp, Ended{-1, absl::StrCat("expired after ", secs, " s without activity"), false});
+        id, sp, Ended{-1, absl::StrCat("expired after ", secs, " s without activity"), false, 0});
   }
   return ended;
 }
@@ -116,8 +119,8 @@ size_t CommitSessions::abort_all() {
   }
   size_t ended = 0;
   for (const auto& [id, sp] : open)
-    ended += end_session(id, sp,
-                         Ended{-1, "aborted by AbortSessions (a job took the shard over)", true});
+    ended += end_session(
+        id, sp, Ended{-1, "aborted by AbortSessions (a job took the shard over)", true, 0});
   return ended;
 }
 
@@ -148,7 +151,7 @@ Status CommitSessions::state(uint64_t session, int64_t* committed_out) const {
   std::lock_guard<std::mutex> slock(sp->mu);
   *committed_out = sp->committed.load();
   if (!sp->failed.ok()) return sp->failed;
-  if (sp->dropped) return ended_status(session, Ended{*committed_out, "", false});
+  if (sp->dropped) return ended_status(session, Ended{*committed_out, "", false, sp->base_step});
   return Status::OK;
 }
 
@@ -163,6 +166,27 @@ CommitSessions::Position CommitSessions::position(uint64_t session) const {
   }
   auto et = ended_.find(session);
   return {et != ended_.end() ? et->second.committed : -1, 0, false};
+}
+
+CommitSessions::Writes CommitSessions::writes(uint64_t session) const {
+  std::shared_ptr<Session> sp;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) {
+      auto et = ended_.find(session);
+      if (et == ended_.end()) return {};
+      // What others wrote since is no longer followed: rows past its last step are unknown.
+      return {true, et->second.base, et->second.committed, std::numeric_limits<int64_t>::max()};
+    }
+    sp = it->second;
+  }
+  Writes w{true, sp->base_step, sp->begun.load(), sp->others_upto};
+  // Own applies read first: one of its own counted in between only makes this conservative.
+  const uint64_t own = sp->own_applies.load();
+  if (applies_begun_.load() - sp->applies_before != own)
+    w.others_upto = std::numeric_limits<int64_t>::max();  // another session applied meanwhile
+  return w;
 }
 
 void CommitSessions::notify(uint64_t session, int64_t committed) {

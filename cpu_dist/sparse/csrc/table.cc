@@ -9,6 +9,7 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "hashing.h"
@@ -221,8 +222,11 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
   std::vector<uint8_t> found;
   std::vector<float> fresh;
   constexpr size_t kAhead = 8;
+  bool first = true;
   for (size_t s = 0; s < stripes_.size(); ++s) {
     if (starts[s] == starts[s + 1]) continue;
+    if (hooks_ != nullptr && may_move && !std::exchange(first, false))
+      hooks_->reach(TestPoint::kPullBetweenStripes);
     Stripe& st = stripes_[s];
     std::lock_guard<std::mutex> lock(st.mu);
     for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {

@@ -45,6 +45,7 @@
 #include "optimizer.h"
 #include "row_meta.h"
 #include "table_rules.h"
+#include "test_hooks.h"
 #include "tier_store.h"
 
 namespace cpu_dist::ps {
@@ -178,6 +179,19 @@ class ShardTable {
   void finish_staged(Staged& st) const;
   void adopt(Staged& st);  // the live rows become st's (and st holds the old ones)
 
+  // The highest job step any row may hold (kNoStep: none): raised by note_step before a
+  // commit writes rows at that step, and by adopt() to the loaded rows' highest.  What a
+  // session started later knows of the steps in rows that are not its own.
+  void note_step(int64_t step) {
+    int64_t cur = max_step_.load();
+    while (step > cur && !max_step_.compare_exchange_weak(cur, step)) {
+    }
+  }
+  int64_t max_step() const { return max_step_.load(); }
+
+  // Test-only pause points (test_hooks.h); null (the default): none.
+  void set_test_hooks(TestHooks* hooks) { hooks_ = hooks; }
+
   uint64_t rows() const;
   // Bytes held by the DRAM tier: slots and index (capacity, not just what is in use).
   uint64_t bytes() const;
@@ -295,6 +309,8 @@ class ShardTable {
   const bool serial_;  // pushes take update_mu_ exclusively
   std::atomic<uint64_t> rows_admitted_{0}, rows_expired_{0}, pending_counts_{0};
   mutable std::atomic<uint64_t> rows_read_ssd_{0};
+  std::atomic<int64_t> max_step_{kNoStep};
+  TestHooks* hooks_ = nullptr;
 };
 
 class ShardTable::Staged {
@@ -307,6 +323,7 @@ class ShardTable::Staged {
 
  private:
   friend class ShardTable;
+  int64_t max_step = kNoStep;  // of the staged rows
   // Ends the threads that fault the spare blocks in (before the blocks may be freed).
   void stop_prefault() {
     prefault_stop.store(true, std::memory_order_relaxed);

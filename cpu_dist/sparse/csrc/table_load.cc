@@ -96,6 +96,8 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
 
 void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* values,
                             const float* state, const int64_t* steps, size_t n) const {
+  if (steps != nullptr)
+    for (size_t i = 0; i < n; ++i) staged.max_step = std::max(staged.max_step, steps[i]);
   // The SSD tier and the expiry buckets take every row, in the order the rows come
   // (ascending, which the SSD files need).
   if (staged.store || (steps != nullptr && staged.rules.expiring())) {
@@ -194,6 +196,7 @@ void ShardTable::adopt(Staged& staged) {
   std::swap(store_, staged.store);  // the old store goes with `staged`
   rules_.swap(staged.rules);
   pending_counts_.store(rules_.pending());
+  note_step(staged.max_step);  // the old rows' steps may stay in sessions' bounds: harmless
   staged.rows = old_rows;
 }
 

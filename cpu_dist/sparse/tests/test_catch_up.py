@@ -55,12 +55,12 @@ def test_row_steps_before_any_commit_and_for_rows_of_another_session(cluster_fac
     np.testing.assert_array_equal(steps, [-1, -1, -1])  # nothing committed: -1 + 0
     assert states is None
     commit_step(cl, 5, 0, [np.ones((3, DIM), np.float32)], keys, "sgd")
-    # Session 6 starts at job step 10 and writes key 2: for session 5 (committed 0, base 0)
-    # that row holds "step 10", and key 3 written at job step 300 is beyond any bound.
+    # Sessions 6 and 7 write keys 2 and 3 at job steps 10 and 300: no step of session 5
+    # (committed 0, base 0), which applied nothing after its step 0.
     commit_step(cl, 6, 0, [np.ones((1, DIM), np.float32)], keys[1:2], "sgd", base=10)
     commit_step(cl, 7, 0, [np.ones((1, DIM), np.float32)], keys[2:], "sgd", base=300)
     _, steps, _ = pulled(cl, keys, 5)
-    np.testing.assert_array_equal(steps, [0, 10, UNKNOWN])
+    np.testing.assert_array_equal(steps, [0, 0, 0])
     with pytest.raises(ValueError, match="need a session"):
         cl.pull_async(keys, row_steps=True)
 
@@ -73,6 +73,75 @@ def test_an_ended_session_reports_no_commit_beyond_its_last(cluster_factory):
     commit_step(cl, 6, 0, [np.ones((1, DIM), np.float32)], keys[1:], "sgd", base=10)
     _, steps, _ = pulled(cl, keys, 5)  # key 2's step-10 write is no commit of session 5
     np.testing.assert_array_equal(steps, [0, 0])
+
+
+HOLD = "pull_between_stripes"
+
+
+def pull_racing(server, cl, keys, session, commit):
+    """A pull whose gather holds after its first stripe while `commit()` is applied: the
+    interleaving of the catch-up race, every time (a test hook of the shard)."""
+    server.test_hold(HOLD)
+    h = cl.pull_async(keys, session=session, row_steps=True)
+    try:
+        assert server.test_wait_held(HOLD, 20)
+        commit()
+    finally:
+        server.test_release(HOLD)
+    rows = h.wait(20)
+    return rows, h.row_steps(), h.committed_step()
+
+
+@pytest.mark.parametrize("base", [0, 100])  # a session's first step, and the first after --resume
+def test_a_first_commit_applied_during_the_gather_is_reported_exactly(cluster_factory, base):
+    cluster = cluster_factory(1, DIM, test_hooks=True)
+    cl = cluster.client()
+    keys = np.arange(400, dtype=np.int64)  # over every stripe
+    before = cl.pull(keys)
+    g = rng_grads(np.random.default_rng(3), len(keys), DIM)
+    rows, held, committed = pull_racing(
+        cluster.servers[0], cl, keys, 1, lambda: commit_step(cl, 1, 0, [g], keys, "sgd", base=base)
+    )
+    assert committed == -1  # read before the gather: step 0 had not committed
+    after = cl.pull(keys)
+    changed = (rows != before).any(axis=1)
+    assert changed.any() and (~changed).any()  # the commit landed between two stripes
+    np.testing.assert_array_equal(held[changed], 0)  # those rows hold step 0 already
+    np.testing.assert_array_equal(held[~changed], -1)
+    recent = RecentCommits(2, 0.05, "sgd", 1)
+    recent.add(0, keys, g)
+    recent.apply(keys, rows, held, 0)
+    np.testing.assert_array_equal(rows, after)  # step 0 applied once to every row
+
+
+def test_rows_another_session_left_are_no_steps_of_this_one(cluster_factory):
+    """--reuse-shard-rows: a new session (base 0) trains on rows an ended one wrote at job
+    steps 0..3; their steps are not the new session's."""
+    cluster = cluster_factory(1, DIM, test_hooks=True)
+    cl = cluster.client()
+    rng = np.random.default_rng(4)
+    keys = np.arange(400, dtype=np.int64)
+    for step in range(4):
+        commit_step(cl, 5, step, [rng_grads(rng, len(keys), DIM)], keys, "sgd")
+    cl.close_session(5, 0)
+    mine = keys[::2]
+    commit_step(cl, 6, 0, [rng_grads(rng, len(mine), DIM)], mine, "sgd")
+    _, held, _ = pulled(cl, keys, 6)
+    np.testing.assert_array_equal(held, 0)  # session 6 applied its step 0 and nothing after
+    before = cl.pull(keys)
+    g = rng_grads(rng, len(mine), DIM)
+    rows, held, committed = pull_racing(
+        cluster.servers[0], cl, keys, 6, lambda: commit_step(cl, 6, 1, [g], mine, "sgd")
+    )
+    assert committed == 0
+    changed = (rows != before).any(axis=1)
+    assert changed.any() and (~changed).any()
+    # A row at job step 1 may be session 5's step 1 or session 6's: no bound, never a guess.
+    assert (held[changed] == UNKNOWN).all()
+    np.testing.assert_array_equal(held[~changed], 0)
+    recent = RecentCommits(2, 0.05, "sgd", 1)
+    recent.add(1, mine, g)
+    assert not recent.covers(held[changed], 1).any()  # the worker pulls those again
 
 
 def test_the_per_row_fields_count_as_pulled_bytes(cluster_factory):

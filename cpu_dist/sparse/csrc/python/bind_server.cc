@@ -1,5 +1,8 @@
 // cpu_dist.sparse._ps.Server: one shard, served from this process.
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "bindings.h"
 #include "convert.h"
@@ -29,11 +32,22 @@ struct TableKeywords {
   uint32_t expire_after;
 };
 
+// The server's test hooks at the point a test names (ValueError: unknown point; RuntimeError:
+// the server was not made with test_hooks=True).
+std::pair<ps::TestHooks*, ps::TestPoint> hook_at(PsServer& s, const std::string& point) {
+  const std::optional<ps::TestPoint> p = ps::test_point_of(point);
+  if (!p)
+    throw py::value_error("unknown test point '" + point + "' (pull_between_stripes, save_frozen)");
+  ps::TestHooks* hooks = s.test_hooks();
+  if (hooks == nullptr) throw std::runtime_error("this server was not made with test_hooks=True");
+  return {hooks, *p};
+}
+
 ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std::string host,
                          int port, std::string table, uint64_t seed, uint32_t shard_index,
                          uint32_t num_shards, int64_t max_message_bytes,
                          uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
-                         const ServerLimits& lim, TableKeywords tk) {
+                         const ServerLimits& lim, TableKeywords tk, bool test_hooks) {
   if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
     throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                           std::to_string(max_message_bytes));
@@ -64,6 +78,7 @@ ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std:
   o.ssd_dir = std::move(tk.ssd_dir);
   o.admit_after = tk.admit_after;
   o.expire_after = tk.expire_after;
+  o.test_hooks = test_hooks;
   py::gil_scoped_release release;  // opening an SSD tier touches the disk
   return ServerHolder(std::make_unique<PsServer>(std::move(o)).release());
 }
@@ -75,13 +90,14 @@ ServerHolder make_server_py(uint32_t dim, std::string token, float init_scale, s
                             double session_idle_timeout_s, uint32_t max_sessions,
                             uint64_t max_held_bytes, uint64_t max_memory_bytes,
                             uint32_t max_concurrent_streams, uint64_t memory_rows,
-                            std::string ssd_dir, uint32_t admit_after, uint32_t expire_after) {
-  return make_server(dim, std::move(token), init_scale, std::move(host), port, std::move(table),
-                     seed, shard_index, num_shards, max_message_bytes, max_blocks_per_stripe,
-                     std::move(checkpoint_dir),
-                     ServerLimits{session_idle_timeout_s, max_sessions, max_held_bytes,
-                                  max_memory_bytes, max_concurrent_streams},
-                     TableKeywords{memory_rows, std::move(ssd_dir), admit_after, expire_after});
+                            std::string ssd_dir, uint32_t admit_after, uint32_t expire_after,
+                            bool test_hooks) {
+  return make_server(
+      dim, std::move(token), init_scale, std::move(host), port, std::move(table), seed, shard_index,
+      num_shards, max_message_bytes, max_blocks_per_stripe, std::move(checkpoint_dir),
+      ServerLimits{session_idle_timeout_s, max_sessions, max_held_bytes, max_memory_bytes,
+                   max_concurrent_streams},
+      TableKeywords{memory_rows, std::move(ssd_dir), admit_after, expire_after}, test_hooks);
 }
 
 }  // namespace
@@ -102,9 +118,34 @@ void bind_server(py::module_& m) {
            py::arg("max_memory_bytes") = d.max_memory_bytes,
            py::arg("max_concurrent_streams") = d.max_concurrent_streams,
            py::arg("memory_rows") = d.memory_rows, py::arg("ssd_dir") = d.ssd_dir,
-           py::arg("admit_after") = d.admit_after, py::arg("expire_after") = d.expire_after)
+           py::arg("admit_after") = d.admit_after, py::arg("expire_after") = d.expire_after,
+           py::arg("test_hooks") = d.test_hooks)
       .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
            "Bind and serve; returns the bound port.")
+      // Test-only (csrc/test_hooks.h): pause points of a server made with test_hooks=True.
+      .def(
+          "test_hold",
+          [](PsServer& s, const std::string& point) {
+            auto [hooks, p] = hook_at(s, point);
+            hooks->arm(p);
+          },
+          py::arg("point"), "Test-only: the next thread reaching `point` holds there.")
+      .def(
+          "test_wait_held",
+          [](PsServer& s, const std::string& point, double timeout_s) {
+            auto [hooks, p] = hook_at(s, point);
+            py::gil_scoped_release release;
+            return hooks->wait_held(p, timeout_s);
+          },
+          py::arg("point"), py::arg("timeout_s") = 10.0,
+          "Test-only: True once a thread holds at `point`.")
+      .def(
+          "test_release",
+          [](PsServer& s, const std::string& point) {
+            auto [hooks, p] = hook_at(s, point);
+            hooks->release(p);
+          },
+          py::arg("point"), "Test-only: the thread held at `point` goes on.")
       .def_property_readonly("port", &PsServer::port)
       .def_property_readonly("address", &PsServer::address)
       .def_property_readonly("dim", [](const PsServer& s) { return s.options().dim; })
