@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.data import make_dataset  # noqa: E402
+from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
 from gpu_cache import scan_trace  # noqa: E402
 from gpu_cache._metadata import BagPipeCacheMetadata  # noqa: E402
@@ -108,35 +107,8 @@ def trace_part(args) -> dict:
 
 def run(args, name: str, extra: list[str]) -> dict:
     out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
-    env = mpi_env()  # scripts/env.sh, as users run
-    cmd = [
-        "mpirun",
-        "-np",
-        "3",
-        sys.executable,
-        str(ROOT / "launcher.py"),
-        "--worker-num",
-        "2",
-        "--batch-size",
-        str(args.batch_size),
-        "--max_step",
-        str(args.steps),
-        "--lr",
-        "0.1",
-        "--eval-every",
-        "0",
-        "--eval-batches",
-        "1",
-        "--no-progress",
-        "--print-freq",
-        str(args.steps),
-        "--metrics-out",
-        str(out),
-        *extra,
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    flags = measured_flags(args.batch_size, args.steps, out)
+    run_job(name, 3, ["--worker-num", "2", *flags, "--lr", "0.1", *extra], timeout_s=1800)
     s = read_summary(out)
     steps = s["steps"]
     exposed = (s.get("t_pull", 0) + s.get("t_commit_wait", 0) + s.get("t_push", 0)) / steps

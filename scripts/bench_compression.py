@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_dist.common.launch_env import mpi_env  # noqa: E402
+from cpu_dist.testing.jobs import run_job  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
 
 # mode -> the job's extra flags; "none" is the float32 baseline every delta is taken against.
@@ -48,12 +47,9 @@ MODES: dict[str, list[str]] = {
 
 def run(mode: str, seed: int, steps: int, tmp: Path) -> dict:
     out = tmp / f"{mode}-{seed}.jsonl"
-    cmd = ["mpirun", "-np", "3", sys.executable, str(ROOT / "launcher.py"), "--worker-num", "2"]
-    cmd += [*MODES[mode], "--seed", str(seed), "--max_step", str(steps)]
-    cmd += ["--no-progress", "--test-batches", "0", "--metrics-out", str(out)]
-    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    args = ["--worker-num", "2", *MODES[mode], "--seed", str(seed), "--max_step", str(steps)]
+    args += ["--no-progress", "--test-batches", "0", "--metrics-out", str(out)]
+    run_job(f"{mode} seed {seed}", 3, args)
     s = read_summary(out)
     r = {"auc": s["eval_auc"], "bytes": s["bytes_pulled"] + s["bytes_pushed"]}
     print(mode, seed, json.dumps(r), flush=True)

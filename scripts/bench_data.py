@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 import pyarrow as pa  # noqa: E402
 import pyarrow.csv as pcsv  # noqa: E402
 
-from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.data import CriteoBinary, CriteoTSV, WorkerBatches  # noqa: E402
 from cpu_dist.data.convert import convert  # noqa: E402
 from cpu_dist.data.generate import write_file  # noqa: E402
+from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
 
 NAMES = ["label"] + [f"I{j}" for j in range(1, 14)] + [f"C{f}" for f in range(1, 27)]
@@ -83,30 +82,8 @@ def bin_samples_per_s(out: Path, batch_size: int) -> float:
 
 def train(args, name: str, data: list[str]) -> dict:
     metrics = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
-    cmd = [
-        "mpirun",
-        "-np",
-        "3",
-        sys.executable,
-        str(ROOT / "launcher.py"),
-        "--worker-num",
-        "2",
-        "--batch-size",
-        str(args.batch_size),
-        "--max_step",
-        str(args.train_steps),
-        "--eval-every",
-        "0",
-        "--eval-batches",
-        "1",
-        "--no-progress",
-        "--metrics-out",
-        str(metrics),
-        *data,
-    ]
-    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    flags = measured_flags(args.batch_size, args.train_steps, metrics)
+    run_job(name, 3, ["--worker-num", "2", *flags, *data], timeout_s=1800)
     summary = read_summary(metrics)
     phases = {k: v for k, v in summary.items() if k.startswith("t_")}
     return {

@@ -42,9 +42,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.common.tokens import write_token_file  # noqa: E402
 from cpu_dist.data import make_dataset  # noqa: E402
+from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.testing.netlab import NetLab, unavailable  # noqa: E402
 from cpu_dist.testing.shards import standalone_shards  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
@@ -100,41 +100,10 @@ def run_mode(args, lab: NetLab, token: str, name: str, extra: list[str], gbit: f
         return lab.popen(host, argv, stdout=subprocess.PIPE, text=True)
 
     with standalone_shards(token, 64, 1, hosts=[host.address], launch=launch) as (addrs, procs):
-        cmd = [
-            "mpirun",
-            "-np",
-            "2",
-            sys.executable,
-            str(ROOT / "launcher.py"),
-            "--worker-num",
-            "2",
-            "--ps_list",
-            addrs[0],
-            "--token-file",
-            token,
-            "--batch-size",
-            str(args.batch_size),
-            "--max_step",
-            str(args.steps),
-            "--lr",
-            "0.1",
-            "--eval-every",
-            "0",
-            "--eval-batches",
-            "1",
-            "--test-batches",
-            "0",
-            "--no-progress",
-            "--print-freq",
-            str(args.steps),
-            "--metrics-out",
-            str(out),
-            *extra,
-        ]
-        proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=3600)
+        ext = ["--worker-num", "2", "--ps_list", addrs[0], "--token-file", token]
+        flags = [*measured_flags(args.batch_size, args.steps, out), "--lr", "0.1"]
+        run_job(name, 2, [*ext, *flags, "--test-batches", "0", *extra])
         shard_cpu_s = cpu_seconds(procs[0].pid)  # the shard still runs: its whole session
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     s = read_summary(out)
     r = {
         "samples_per_s": round(s["samples_per_s"], 1),

@@ -121,32 +121,13 @@ def key_batches(n: int, count: int = 64, seed: int = 0) -> list[np.ndarray]:
     return [rng.choice(TABLE_ROWS, n, replace=False).astype(np.int64) for _ in range(count)]
 
 
-def start_ps(tmp: Path, extra=()) -> tuple[subprocess.Popen, str]:
+def start_ps(tmp: Path) -> tuple[subprocess.Popen, str]:
     from cpu_dist.common.tokens import write_token_file
+    from cpu_dist.testing.shards import start_shard
 
     tf = tmp / "token"
     write_token_file(str(tf), TOKEN)
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cpu_dist.sparse.server",
-            "--port",
-            "0",
-            "--dim",
-            str(DIM),
-            "--token-file",
-            str(tf),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = p.stdout.readline().strip()
-    if not line.startswith("listening on "):
-        p.kill()
-        raise SystemExit(f"PS did not start: {line!r}")
-    return p, line.split()[-1]
+    return start_shard(str(tf), DIM)
 
 
 class Ours:

@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,18 +79,14 @@ class Shard:
     def __init__(self, root: Path, *extra: str):
         from cpu_dist.common.tokens import write_token_file
         from cpu_dist.sparse import Client
+        from cpu_dist.testing.shards import start_shard
 
         tf = root / "token"
         if not tf.exists():
             write_token_file(str(tf), TOKEN)
-        cmd = [sys.executable, "-m", "cpu_dist.sparse.server", "--port", "0", "--dim", str(DIM)]
-        cmd += ["--token-file", str(tf), "--checkpoint-dir", str(root / "ck"), *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        line = (self.proc.stdout.readline() if self.proc.stdout else "").strip()
-        if not line.startswith("listening on "):
-            self.proc.kill()
-            raise SystemExit(f"PS did not start: {line!r}")
-        self.client = Client([line.split()[-1]], TOKEN, DIM, timeout_s=3600.0)
+        extra = ("--checkpoint-dir", str(root / "ck"), *extra)
+        self.proc, address = start_shard(str(tf), DIM, extra=extra)
+        self.client = Client([address], TOKEN, DIM, timeout_s=3600.0)
         self.start_resident = self.stats()["resident_bytes"]
 
     def stats(self) -> dict:

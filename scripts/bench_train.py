@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,10 +27,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_dist.common.launch_env import mpi_env  # noqa: E402
 from cpu_dist.common.validate import mlp_widths  # noqa: E402
 from cpu_dist.data import make_dataset, train_batches  # noqa: E402
 from cpu_dist.models.dlrm import build_dlrm  # noqa: E402
+from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
 
 
@@ -78,39 +77,16 @@ def run_torch(args) -> dict:
 
 def run_ours(args, name: str, workers: int, extra: list[str]) -> dict:
     out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
-    env = mpi_env()  # scripts/env.sh, as users run
-    cmd = [
-        "mpirun",
-        "-np",
-        str(workers + 1),
-        sys.executable,
-        str(ROOT / "launcher.py"),
-        "--worker-num",
-        str(workers),
-        "--batch-size",
-        str(args.batch_size),
-        "--max_step",
-        str(args.steps),
+    model = [
         "--embedding-dim",
         str(args.dim),
         "--arch-mlp-bot",
         args.bot,
         "--arch-mlp-top",
         args.top,
-        "--lr",
-        str(args.lr),
-        "--eval-every",
-        "0",
-        "--eval-batches",
-        "1",
-        "--no-progress",
-        "--metrics-out",
-        str(out),
-        *extra,
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    flags = [*measured_flags(args.batch_size, args.steps, out), *model, "--lr", str(args.lr)]
+    run_job(name, workers + 1, ["--worker-num", str(workers), *flags, *extra], timeout_s=1800)
     summary = read_summary(out)
     steps = summary["steps"]
     per_step = {k[2:]: v / steps for k, v in summary.items() if k.startswith("t_")}
