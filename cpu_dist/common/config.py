@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cpu_dist.common.contracts import default_init_scale
+
 
 @dataclass(frozen=True)
 class ClientConfig:
@@ -58,7 +60,8 @@ class ModelConfig:
     bot_mlp: tuple[int, ...] = (512, 256, 64)
     top_mlp: tuple[int, ...] = (512, 256, 1)
     dtype: str = "float32"  # dense parameters; embedding rows are always float32
-    init_scale: float = 0.125  # first-touch rows are uniform in [-s, s)
+    # First-touch rows are uniform in [-s, s); the default is the contract's, of the default dim.
+    init_scale: float = default_init_scale(embedding_dim)
 
 
 @dataclass(frozen=True)
