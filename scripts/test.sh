@@ -93,7 +93,8 @@ for np in 3 4; do
   timeout -k 10 900 mpirun -np "$np" bash -c '
     if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec "$0" "${@:3}" --junitxml="$1/$2.xml";
     else exec "$0" "${@:3}" > "$1/$2-rank$OMPI_COMM_WORLD_RANK.log" 2>&1; fi' \
-    "$PY" "$LOGS" "$name" "${PYTEST[@]}" --timeout-method=thread --with-mpi --only-mpi tests/mpi "$@"
+    "$PY" "$LOGS" "$name" "${PYTEST[@]}" --timeout-method=thread --with-mpi --only-mpi \
+    --deselect-non-mpi tests/mpi "$@"
   phase "$name" $?
 done
 

@@ -9,9 +9,10 @@ broken lab behind a green run.  So the groups are markers, and ``CPU_DIST_REQUIR
 list of group names, set by ``.ci/run``) names the groups that must run: a skip of a test so
 marked is reported as a failure that says what was required and why the test skipped.
 
-``--deselect-mpi`` leaves out the pytest-mpi tests (marked ``mpi``): scripts/test.sh runs them
-in its MPI phases under mpirun, so in its unit phase they are deselected, not reported as
-skips ("need --with-mpi") that never were missing.
+``--deselect-mpi`` leaves out the pytest-mpi tests (marked ``mpi``) and ``--deselect-non-mpi``
+all others: scripts/test.sh runs the first in its MPI phases under mpirun and the others in its
+unit phase, so each phase deselects the other's tests instead of reporting them as skips
+("need --with-mpi", "test does not use mpi") that are not missing from the run.
 
 The root ``conftest.py`` loads this plugin for every test run from the checkout;
 ``scripts/test.sh`` also names it with ``-p`` so it holds for test files outside the checkout.
@@ -54,15 +55,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="leave out the tests marked mpi (another run executes them under mpirun)",
     )
+    parser.addoption(
+        "--deselect-non-mpi",
+        action="store_true",
+        help="leave out the tests not marked mpi (another run executes them)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--deselect-mpi"):
-        return
-    mpi = [i for i in items if i.get_closest_marker("mpi") is not None]
-    if mpi:
-        config.hook.pytest_deselected(items=mpi)
-        items[:] = [i for i in items if i.get_closest_marker("mpi") is None]
+    drop = {True: config.getoption("--deselect-mpi"), False: config.getoption("--deselect-non-mpi")}
+    kept = [i for i in items if not drop[i.get_closest_marker("mpi") is not None]]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
 
 
 def pytest_configure(config: pytest.Config) -> None:

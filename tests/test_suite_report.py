@@ -133,6 +133,30 @@ def test_the_unit_phase_leaves_the_mpi_tests_to_the_mpi_phases(tmp_path):
     assert got.returncode == 0
 
 
+MPI_GENERATED = """
+import pytest
+from mpi4py import MPI
+
+@pytest.mark.mpi(min_size=2)
+def test_zz_sums_over_ranks():
+    assert MPI.COMM_WORLD.allreduce(1) == MPI.COMM_WORLD.Get_size()
+
+def test_zz_plain():
+    pass
+"""
+
+
+def test_the_mpi_phase_leaves_the_other_tests_to_the_unit_phase(tmp_path):
+    """Under mpirun only the MPI tests run; the others are deselected, not listed as skips
+    ("test does not use mpi").  -k zz leaves out tests/mpi's own tests."""
+    path = tmp_path / "gen" / "test_zz_mpi.py"
+    path.parent.mkdir()
+    path.write_text(MPI_GENERATED)
+    got = run(TEST_SH, tmp_path, str(path), "-k", "zz", CPU_DIST_TEST_PHASES="mpi-np3")
+    assert got.stdout.splitlines()[-1] == "1 passed, 0 failed, 0 skipped", got.stdout
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
 @pytest.mark.parametrize(
     "group,path", [("netlab", "test_hosts.py"), ("slurm", "test_slurm.py")], ids=["lab", "slurm"]
 )
