@@ -132,7 +132,11 @@ class OutputConfig:
     metrics_out: str | None = None
     print_freq: int = 10
     eval_every: int = 100
-    eval_batches: int = 4
+    # Global batches of the eval split each evaluation scores (None: all of it, the last
+    # partial batch included; the endless synthetic stream: 4): the periodic ones (every
+    # --eval-every steps) and the final one.  --eval-batches N sets both, -1 both to all.
+    eval_batches: int | None = 4
+    final_eval_batches: int | None = None
     test_batches: int | None = None  # at the end: None = the whole test split, 0 = none
     dump_state: str | None = None
     export: str | None = None  # a serving bundle at the end (cpu_dist.serving.bundle)

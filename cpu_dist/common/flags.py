@@ -10,7 +10,9 @@ the typed :class:`~cpu_dist.common.config.Config`; defaults come from its datacl
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cpu_dist.common.config import (
     CacheConfig,
@@ -351,7 +353,14 @@ def _add_checkpoint_and_output_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--eval-every", type=int, default=OutputConfig.eval_every, help="0: only at the end"
     )
-    o.add_argument("--eval-batches", type=int, default=OutputConfig.eval_batches)
+    o.add_argument(
+        "--eval-batches",
+        type=int,
+        default=None,
+        help=f"global batches of the eval split each evaluation scores; -1: all of it, the "
+        f"last partial batch included (default: {OutputConfig.eval_batches} for the periodic "
+        "ones, all for the final one; the endless synthetic stream: 4)",
+    )
     o.add_argument(
         "--test-batches",
         type=int,
@@ -377,7 +386,7 @@ def _add_checkpoint_and_output_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _FirstRankParser(
         prog="launcher.py",
         description="Train a DLRM across MPI worker ranks and C++ parameter-server ranks.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -393,13 +402,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Where a launcher puts the task's rank before MPI_Init (OpenMPI's mpirun, PMIx, MPICH's hydra,
+# srun): argparse runs before MPI is up, and only the first rank should speak for all.
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def launch_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This task's rank as its launcher announced it (0 when started alone)."""
+    env = os.environ if environ is None else environ
+    for name in _RANK_VARS:
+        value = env.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class _FirstRankParser(argparse.ArgumentParser):
+    """Every rank parses the same argv and reaches the same verdict; only rank 0 prints it
+    (usage, an unknown flag, --help), so a bad flag is reported once, not by every rank."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if launch_rank() == 0:
+            super()._print_message(message, file)
+
+
+def given_flags(argv: Sequence[str] | None) -> frozenset[str]:
+    """The ``dest`` of every flag the command line names (whatever its value): what a user
+    asked for, as opposed to a default."""
+    p = build_parser()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    ns, _ = p.parse_known_args(argv)
+    return frozenset(vars(ns))
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    """The parsed flags, with ``given`` (the dests the command line named) beside them."""
+    args = build_parser().parse_args(argv)
+    args.given = given_flags(argv)
+    return args
 
 
 _FLAG_OF_SETTING = {
     "job.worker_num": "--worker-num",
     "job.barrier_timeout_s": "--barrier-timeout",
+    "train.max_step": "--max_step",
     "model.bot_mlp": "--arch-mlp-bot",
     "model.top_mlp": "--arch-mlp-top",
     "data.kind": "--data",

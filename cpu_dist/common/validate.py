@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 from cpu_dist.common.config import (
@@ -33,6 +34,7 @@ from cpu_dist.common.files import (
     is_tensorboard_dir,
     manifest_format,
 )
+from cpu_dist.common.flags import launch_rank
 
 
 class ConfigError(ValueError):
@@ -56,8 +58,10 @@ def parse_ps_list(spec: str) -> tuple[str, ...]:
     for item in spec.split(","):
         item = item.strip()
         host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        if not sep or not host or not port.isdigit():
             raise ConfigError(f"--ps_list entry {item!r}: expected host:port")
+        if not 0 <= int(port) < 65536:
+            raise ConfigError(f"--ps_list entry {item!r}: port {port} is not in 0..65535")
         out.append(item)
     return tuple(out)
 
@@ -130,7 +134,9 @@ def _model(a: argparse.Namespace) -> ModelConfig:
 
 
 def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
-    if a.batch_size <= 0 or a.batch_size % workers:
+    if a.batch_size <= 0:
+        raise ConfigError(f"--batch-size {a.batch_size}: must be a positive number of samples")
+    if a.batch_size % workers:
         raise ConfigError(f"--batch-size {a.batch_size} is not divisible by --worker-num {workers}")
     if a.max_step is not None and a.max_step < 1:
         raise ConfigError(f"--max_step {a.max_step}: must be >= 1 (a run that trains no step)")
@@ -178,11 +184,27 @@ def data_config(a: argparse.Namespace) -> DataConfig:
     if a.data == "criteo":
         if not a.data_path:
             raise ConfigError("--data criteo needs --data-path FILE")
+        if os.path.isdir(a.data_path):
+            hint = (
+                " (a converted directory: --data criteo-bin)"
+                if os.path.isfile(os.path.join(a.data_path, "manifest.json"))
+                else ""
+            )
+            raise ConfigError(
+                f"--data-path {a.data_path}: is a directory; --data criteo reads one TSV file{hint}"
+            )
         if not os.path.isfile(a.data_path):
             raise ConfigError(f"--data-path {a.data_path}: no such file")
     elif a.data == "criteo-bin":
         if not a.data_path:
             raise ConfigError("--data criteo-bin needs --data-path DIR")
+        if os.path.isfile(a.data_path):
+            raise ConfigError(
+                f"--data-path {a.data_path}: is a file; --data criteo-bin reads a directory "
+                "made by python -m cpu_dist.data.convert (a TSV file: --data criteo)"
+            )
+        if not os.path.exists(a.data_path):
+            raise ConfigError(f"--data-path {a.data_path}: no such directory")
         if not os.path.isfile(os.path.join(a.data_path, "manifest.json")):
             raise ConfigError(
                 f"--data-path {a.data_path}: no manifest.json (not a finished conversion: run "
@@ -329,16 +351,24 @@ def _checkpoint(a: argparse.Namespace) -> CheckpointConfig:
     )
 
 
+def _all(n: int) -> int | None:
+    """A batch count flag's value: -1 is every batch (None)."""
+    return None if n == -1 else n
+
+
 def _output(a: argparse.Namespace) -> OutputConfig:
-    if a.print_freq <= 0 or a.eval_every < 0 or a.eval_batches <= 0:
-        raise ConfigError("--print-freq and --eval-batches must be positive, --eval-every >= 0")
+    if a.print_freq <= 0 or a.eval_every < 0:
+        raise ConfigError("--print-freq must be positive, --eval-every >= 0")
+    if a.eval_batches is not None and not (a.eval_batches > 0 or a.eval_batches == -1):
+        raise ConfigError(f"--eval-batches {a.eval_batches}: must be -1 (all) or positive")
     if a.test_batches < -1:
         raise ConfigError(f"--test-batches {a.test_batches}: must be -1 (all), 0 (none) or more")
     return OutputConfig(
         metrics_out=a.metrics_out,
         print_freq=a.print_freq,
         eval_every=a.eval_every,
-        eval_batches=a.eval_batches,
+        eval_batches=OutputConfig.eval_batches if a.eval_batches is None else _all(a.eval_batches),
+        final_eval_batches=None if a.eval_batches is None else _all(a.eval_batches),
         test_batches=None if a.test_batches == -1 else a.test_batches,
         dump_state=a.dump_state,
         export=a.export,
@@ -401,13 +431,54 @@ def check_outputs(a: argparse.Namespace) -> None:
                 )
 
 
+def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
+    """Flags the command line gave (``a.given``, from ``flags.parse_args``) that change nothing
+    in the chosen mode: a warning each, so that a user learns the setting was not applied."""
+    given: frozenset[str] = getattr(a, "given", frozenset())
+    external = job.external_shards
+    rules = [
+        ("max_staleness", a.sparse_sync != "async", "--max-staleness", "--sparse-sync async"),
+        ("zipf_exponent", a.data != "synthetic", "--zipf-exponent", "--data synthetic"),
+        (
+            "checkpoint_keep",
+            not a.checkpoint_dir,
+            "--checkpoint-keep",
+            "--checkpoint-dir",
+        ),
+        ("checkpoint_timeout", not a.checkpoint_dir, "--checkpoint-timeout", "--checkpoint-dir"),
+        ("reuse_shard_rows", not external, "--reuse-shard-rows", "external --ps_list shards"),
+        ("token_file", not external, "--token-file", "external --ps_list shards"),
+        ("ps_host", external, "--ps-host", "PS ranks in the job"),
+        ("ps_interface", external, "--ps-interface", "PS ranks in the job"),
+        ("session_idle_timeout", external, "--session-idle-timeout", "PS ranks in the job"),
+        ("ps_memory_rows", external, "--ps-memory-rows", "PS ranks in the job"),
+        ("ps_ssd_dir", external, "--ps-ssd-dir", "PS ranks in the job"),
+        (
+            "optimization_plan_window",
+            not a.optimization_prescan,
+            "--optimization-plan-window",
+            "--optimization-prescan",
+        ),
+    ]
+    out = [
+        f"{flag} has no effect without {needs}"
+        for dest, unused, flag, needs in rules
+        if dest in given and unused
+    ]
+    if a.read_mode != "bagpipe":
+        for dest in ("optimization_cache_capacity", "optimization_bypass_below"):
+            if dest in given:
+                out.append(f"--{dest.replace('_', '-')} has no effect without --read-mode bagpipe")
+    return out
+
+
 def validate(args: argparse.Namespace, world_size: int) -> Config:
     """The job's Config, or ConfigError for any impossible combination; identical on every
     rank.  ``args`` is not changed."""
     job = _job(args, world_size)
     train = _train(args, job.worker_num)
     check_outputs(args)
-    return Config(
+    config = Config(
         job=job,
         model=_model(args),
         train=train,
@@ -418,3 +489,7 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
         checkpoint=_checkpoint(args),
         output=_output(args),
     )
+    if launch_rank() == 0:  # every rank reaches the same verdict; rank 0 speaks for all
+        for warning in ineffective_flags(args, job):
+            print(f"launcher.py: warning: {warning}", file=sys.stderr, flush=True)
+    return config

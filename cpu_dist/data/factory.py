@@ -35,7 +35,7 @@ class Dataset(Protocol):
 
     def worker_batch(self, step: int, batch_size: int, rank: int, world: int) -> Batch | None: ...
 
-    def eval_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]: ...
+    def eval_batches(self, batch_size: int, num_batches: int | None) -> Iterator[Batch]: ...
 
     def test_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[Batch]: ...
 
@@ -101,8 +101,9 @@ def train_batches(
     return dataset.train_batches(batch_size, start_step)
 
 
-def eval_batches(dataset: Dataset, batch_size: int, num_batches: int) -> Iterator[Batch]:
-    """The first ``num_batches`` global eval batches (always the same ones for a dataset)."""
+def eval_batches(dataset: Dataset, batch_size: int, num_batches: int | None) -> Iterator[Batch]:
+    """The first ``num_batches`` global eval batches (always the same ones for a dataset);
+    None: all of the split (file data, the last partial batch included; synthetic data: 4)."""
     return dataset.eval_batches(batch_size, num_batches)
 
 

@@ -107,7 +107,7 @@ class FileDataset:
             step += 1
 
     def _split_batches(
-        self, name: str, batch_size: int, num_batches: int | None
+        self, name: str, batch_size: int, num_batches: int | None, partial: bool = False
     ) -> Iterator[Batch]:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -119,14 +119,19 @@ class FileDataset:
             n = min(n, max(num_batches, 0))
         for i in range(n):
             yield self._batch(split, i * batch_size, (i + 1) * batch_size)
+        if partial and num_batches is None and len(split) % batch_size:
+            yield self._batch(split, n * batch_size, len(split))
 
-    def eval_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]:
-        """The first ``num_batches`` global batches of the eval split (fewer if it is short)."""
-        return self._split_batches("eval", batch_size, num_batches)
+    def eval_batches(self, batch_size: int, num_batches: int | None) -> Iterator[Batch]:
+        """The first ``num_batches`` global batches of the eval split (fewer if it is short);
+        None: every row of it, the last partial batch included, so the figures do not depend
+        on the batch size."""
+        return self._split_batches("eval", batch_size, num_batches, partial=True)
 
     def test_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[Batch]:
-        """Global batches of the test split (all of them by default; none without one)."""
-        return self._split_batches("test", batch_size, num_batches)
+        """Global batches of the test split (None, the default: every row of it, the last
+        partial batch included; none without a test split)."""
+        return self._split_batches("test", batch_size, num_batches, partial=True)
 
     def iter_batches(self, batch_size: int, split: str = "train") -> Iterator[Batch]:
         """Every full global batch of ``split`` once, in file order (no shuffling)."""

@@ -94,6 +94,10 @@ def _hash_uniform(seed: int, salt: int, values: np.ndarray) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
+# Batches "all of" the endless eval or test stream means (--eval-batches -1, --test-batches -1).
+HELD_OUT_BATCHES = 4
+
+
 class SyntheticCriteo:
     """Deterministic Criteo-like batches with random access by step (see module docstring)."""
 
@@ -209,12 +213,13 @@ class SyntheticCriteo:
         """
         return self.global_batch(step, batch_size, "train").shard(rank, world)
 
-    def eval_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]:
-        """The first ``num_batches`` batches of the independent eval stream."""
-        for i in range(num_batches):
+    def eval_batches(self, batch_size: int, num_batches: int | None) -> Iterator[Batch]:
+        """The first ``num_batches`` (None: ``HELD_OUT_BATCHES``, the stream has no end)
+        batches of the independent eval stream."""
+        for i in range(HELD_OUT_BATCHES if num_batches is None else num_batches):
             yield self.global_batch(i, batch_size, "eval")
 
     def test_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[Batch]:
         """The first ``num_batches`` (default 4) batches of the independent test stream."""
-        for i in range(4 if num_batches is None else num_batches):
+        for i in range(HELD_OUT_BATCHES if num_batches is None else num_batches):
             yield self.global_batch(i, batch_size, "test")

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import torch
 
-from cpu_dist.common.config import OutputConfig, TrainConfig
+from cpu_dist.common.config import TrainConfig
 from cpu_dist.common.flags import add_data_flags
 from cpu_dist.common.validate import ConfigError, data_config
 from cpu_dist.data import dataset_for, eval_batches
@@ -26,9 +26,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m cpu_dist.serving", description=__doc__)
     ap.add_argument("bundle", help="directory written by --export or python -m cpu_dist.export")
     add_data_flags(ap)
-    ap.add_argument("--seed", type=int, default=TrainConfig.seed, help="the job's --seed")
+    ap.add_argument(
+        "--seed", type=int, default=None, help="the job's --seed (default: the bundle's)"
+    )
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
-    ap.add_argument("--eval-batches", type=int, default=OutputConfig.eval_batches)
+    ap.add_argument(
+        "--eval-batches",
+        type=int,
+        default=-1,
+        help="global batches of the eval split to score; -1: all of it, the last partial "
+        "batch included, as a job's final evaluation scores by default (the endless "
+        "synthetic stream: 4)",
+    )
     ap.add_argument("--no-check", action="store_true", help="skip the files' checksums")
     return ap.parse_args(argv)
 
@@ -36,7 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def score(args: argparse.Namespace) -> dict[str, float]:
     bundle = open_bundle(args.bundle, check=not args.no_check)
     spec = bundle.spec
-    dataset = dataset_for(data_config(args), args.seed)
+    if args.eval_batches == 0 or args.eval_batches < -1 or args.batch_size <= 0:
+        raise ConfigError(
+            f"--eval-batches {args.eval_batches}, --batch-size {args.batch_size}: need -1 "
+            "(all) or a positive number of batches, and a positive batch size"
+        )
+    seed = spec.seed if args.seed is None else args.seed
+    dataset = dataset_for(data_config(args), seed)
+    count = None if args.eval_batches == -1 else args.eval_batches
     dtype = torch.float64 if spec.dtype == "float64" else torch.float32
     embedding = BundleEmbedding(bundle.keys, bundle.rows, spec.seed, spec.init_scale)
     model = build_dlrm(
@@ -53,14 +69,20 @@ def score(args: argparse.Namespace) -> dict[str, float]:
     model.eval()
     scores, labels = [], []
     with torch.no_grad():
-        for batch in eval_batches(dataset, args.batch_size, args.eval_batches):
+        for batch in eval_batches(dataset, args.batch_size, count):
             logits = model(torch.from_numpy(batch.dense).to(dtype), torch.from_numpy(batch.keys))
             scores.append(logits.double().numpy())
             labels.append(batch.labels.astype(np.float64))
     if not scores:
         raise BundleError("the data has no evaluation batches")
     result = evaluate(np.concatenate(scores), np.concatenate(labels))
-    return {"eval_auc": result["auc"], "eval_logloss": result["logloss"], "step": bundle.step}
+    samples = sum(len(x) for x in labels)
+    return {
+        "eval_auc": result["auc"],
+        "eval_logloss": result["logloss"],
+        "eval_samples": samples,
+        "step": bundle.step,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,14 @@ from cpu_dist.models.embedding import ShardedEmbedding
 from cpu_dist.models.scoring import evaluate
 
 
+def share(batch: Batch, rank: int, world: int) -> Batch:
+    """Worker ``rank``'s contiguous part of a held-out batch of any size (a last partial batch
+    need not divide by W); the parts in rank order are the batch."""
+    b = len(batch)
+    s = slice(rank * b // world, (rank + 1) * b // world)
+    return Batch(dense=batch.dense[s], keys=batch.keys[s], labels=batch.labels[s])
+
+
 def evaluate_model(
     model: DLRM,
     embedding: ShardedEmbedding,
@@ -26,16 +34,19 @@ def evaluate_model(
     read_rows: Callable[[np.ndarray], np.ndarray],
     prefix: str = "eval",
 ) -> dict[str, float]:
-    """``{"<prefix>_auc", "<prefix>_logloss"}`` on worker 0 (empty elsewhere, and when there
-    were no batches).  Every worker walks the same global ``batches``.  The caller makes sure
-    every commit it means to evaluate is applied first; ``read_rows`` reads float32 rows as
-    the PS holds them (never through a lossy wire encoding)."""
+    """``{"<prefix>_auc", "<prefix>_logloss", "<prefix>_samples"}`` on worker 0 (empty
+    elsewhere, and when there were no batches).  Every worker walks the same global
+    ``batches`` (of any size: ``share`` cuts each).  The caller makes sure every commit it
+    means to evaluate is applied first; ``read_rows`` reads float32 rows as the PS holds them
+    (never through a lossy wire encoding)."""
     rank, world = comm.Get_rank(), comm.Get_size()
     scores, labels = [], []
     model.eval()
     with torch.no_grad():
         for batch in batches:
-            part = batch.shard(rank, world)
+            part = share(batch, rank, world)
+            if not len(part):
+                continue
             keys = torch.from_numpy(part.keys)
             unique = embedding.unique_keys(keys)
             rows = torch.from_numpy(read_rows(unique))
@@ -52,4 +63,6 @@ def evaluate_model(
     y = np.concatenate([g[1] for g in gathered])
     if not len(y):
         return {}
-    return {f"{prefix}_{k}": v for k, v in evaluate(s, y).items()}
+    result = {f"{prefix}_{k}": v for k, v in evaluate(s, y).items()}
+    result[f"{prefix}_samples"] = len(y)  # what the figures are over
+    return result

@@ -165,6 +165,8 @@ class Worker:
         with timer("forward"):
             self.dense.zero_grad()
             loss = self.loss_fn(self.model(dense, keys, rows=rows), labels)
+        if not torch.isfinite(loss):  # before backward: name the cause, not a sparse key
+            raise NonFiniteLoss(self._non_finite(step, float(loss), rows, dense))
         with timer("backward"):
             loss.backward()
         if self.world > 1:  # load imbalance, measured apart from the collectives that follow
@@ -178,6 +180,34 @@ class Worker:
         with timer("push"):
             self.pipeline.submit(step, *self.embedding.sparse_grads())
         return loss, ahead
+
+    def _non_finite(self, step: int, loss: float, rows: torch.Tensor, inputs: torch.Tensor) -> str:
+        """Why step ``step``'s loss is not finite, naming the dense side and the sparse side:
+        dense parameters that are not finite, else the largest one (finite parameters can
+        still overflow the forward pass), and whether the batch's rows and inputs are."""
+        t = self.cfg.train
+        named = list(self.model.dense_named_parameters())
+        bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
+        head = f"step {step} on worker {self.rank}: the loss is {loss}"
+        rows_ok, inputs_ok = bool(torch.isfinite(rows).all()), bool(torch.isfinite(inputs).all())
+        if bad:
+            shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+            dense = f"dense parameters {shown} are not finite"
+        else:
+            name, p = max(named, key=lambda np_: float(np_[1].detach().abs().max()))
+            dense = (
+                f"the dense parameters are finite but the forward pass overflowed (largest: "
+                f"{name}, max |w| {float(p.detach().abs().max()):.3g})"
+            )
+        sparse = "the batch's embedding rows are " + ("finite" if rows_ok else "NOT finite")
+        if rows_ok:
+            sparse += f" (max |row| {float(rows.abs().max()):.3g})"
+        data = "" if inputs_ok else "; the batch's dense inputs are not finite"
+        return (
+            f"{head}: {dense} after --dense-optimizer {t.dense_optimizer} updates at --lr "
+            f"{t.lr}; {sparse}{data}. Lower --lr (and --sparse-lr, {t.sparse_lr}, if the rows "
+            "grew)"
+        )
 
     def _ahead(self, step: int) -> Prepared | None:
         """The batch of ``step + 1``, its keys handed to the pipeline to read ahead."""
@@ -234,6 +264,7 @@ class Worker:
                 ahead = self._ahead(step)  # the pipeline may start reading step + 1
             self._dense_step()
             window.samples += cfg.train.batch_size
+            window.add_loss(loss.item())
             self.checkpointer.after_step(step)  # --checkpoint-every: at this step boundary
             self._after_step(step, steps, loss, window, bar)
         bar.close()
@@ -244,9 +275,10 @@ class Worker:
     def _after_step(self, step: int, steps: int, loss: torch.Tensor, window: Window, bar) -> None:
         out = self.cfg.output
         if (step + 1) % out.print_freq == 0 or step + 1 == steps:
-            loss_sum = np.array([loss.item()], dtype=np.float64)
+            # the mean over the interval's steps and the workers (each a mean over its share)
+            loss_sum = np.array(window.take_loss(), dtype=np.float64)
             self.comm.Allreduce(MPI.IN_PLACE, loss_sum)
-            record = {"step": step + 1, "loss": float(loss_sum[0] / self.world)}
+            record = {"step": step + 1, "loss": float(loss_sum[0] / max(loss_sum[1], 1.0))}
             record["samples_per_s"] = window.rate(time.perf_counter())
             self.log.write(self._record(record))
             bar.set_postfix(loss=f"{record['loss']:.4f}", sps=f"{record['samples_per_s']:,.0f}")
@@ -277,13 +309,15 @@ class Worker:
             **self.pipeline.metrics(),
         }
 
-    def _evaluate(self, step: int, split: str = "eval") -> dict[str, float]:
+    def _evaluate(self, step: int, split: str = "eval", final: bool = False) -> dict[str, float]:
         """Held-out AUC and log loss after ``step`` steps: ``--eval-batches`` batches of the
-        eval split, or at the end ``--test-batches`` of the test split (where there is one)."""
+        eval split (the final evaluation: all of it unless the flag was given), or at the end
+        ``--test-batches`` of the test split (where there is one).  Logged and printed."""
         self.pipeline.wait_readable(step)
         bs, out = self.cfg.train.batch_size, self.cfg.output
         if split == "eval":
-            batches = eval_batches(self.dataset, bs, out.eval_batches)
+            n = out.final_eval_batches if final else out.eval_batches
+            batches = eval_batches(self.dataset, bs, n)
         else:
             batches = self.dataset.test_batches(bs, out.test_batches)
         result = evaluate_model(
@@ -297,6 +331,7 @@ class Worker:
         )
         if result:
             self.log.write({"step": step, **result})
+            metrics.console(metrics.eval_line(step, result))
         return result
 
     def _export(self, step: int) -> None:
@@ -317,7 +352,7 @@ class Worker:
         export_from_client(self.client, dense, spec, step, Path(self.cfg.output.export))
 
     def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
-        result = self._evaluate(steps)
+        result = self._evaluate(steps, final=True)
         if self.cfg.output.test_batches != 0:
             result.update(self._evaluate(steps, "test"))
         if self.chief:
@@ -351,11 +386,26 @@ class Worker:
             self.client.shutdown()
 
 
+class NonFiniteLoss(ArithmeticError):
+    """Training diverged; the message names the dense parameters that are not finite."""
+
+
 class Window:
-    """Samples per second over the steps since the last logged line."""
+    """Samples per second, and the loss, over the steps since the last logged line."""
 
     def __init__(self, t0: float) -> None:
         self.t0, self.samples = t0, 0
+        self.loss_sum, self.losses = 0.0, 0
+
+    def add_loss(self, loss: float) -> None:
+        self.loss_sum += loss
+        self.losses += 1
+
+    def take_loss(self) -> list[float]:
+        """[sum of the interval's losses, their number], and a new interval."""
+        out = [self.loss_sum, float(self.losses)]
+        self.loss_sum, self.losses = 0.0, 0
+        return out
 
     def rate(self, now: float) -> float:
         rate = self.samples / max(now - self.t0, 1e-9)

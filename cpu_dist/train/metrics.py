@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
@@ -216,6 +217,22 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         rows = [(name, secs, f"{100.0 * secs / total:.1f}%") for name, secs in phases]
         out.append(format_table(rows, ("phase", "seconds", "share")))
     return "\n\n".join(out)
+
+
+def eval_line(step: int, result: Mapping[str, float]) -> str:
+    """One evaluation on the console: ``step 100: eval_auc 0.7812  eval_logloss 0.4671``."""
+    figures = "  ".join(
+        f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in result.items()
+    )
+    return f"step {step}: {figures}"
+
+
+def console(line: str) -> None:
+    """A line on stdout that does not tear the progress bar (tqdm moves it below)."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def progress(total: int | None, enabled: bool = True, **kwargs: Any):

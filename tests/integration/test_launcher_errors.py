@@ -2,7 +2,7 @@
 
 import pytest
 
-from .launch import mpirun
+from .launch import SMALL, mpirun
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -19,6 +19,15 @@ pytestmark = pytest.mark.timeout(120)
             ["--worker-num", "2", "--data", "criteo", "--data-path", "/no/such.tsv"],
             "/no/such.tsv: no such file",
         ),
+        (["--worker-num", "2", "--batch-size", "0"], "--batch-size 0: must be a positive number"),
+        (
+            ["--worker-num", "2", "--ps_list", "127.0.0.1:99999"],
+            "port 99999 is not in 0..65535",
+        ),
+        (
+            ["--worker-num", "2", "--data", "criteo", "--data-path", "/tmp"],
+            "--data-path /tmp: is a directory; --data criteo reads one TSV file",
+        ),
     ],
 )
 def test_bad_flags_fail_before_training(argv, needle):
@@ -28,7 +37,17 @@ def test_bad_flags_fail_before_training(argv, needle):
     assert "step" not in proc.stdout
 
 
-def test_unknown_flag_is_named():
-    proc = mpirun(2, ["--worker-num", "1", "--no-such-flag"], timeout=90)
+def test_unknown_flag_is_named_once():
+    proc = mpirun(3, ["--worker-num", "2", "--no-such-flag"], timeout=90)
     assert proc.returncode != 0
-    assert "--no-such-flag" in proc.stderr
+    assert proc.stderr.count("unrecognized arguments: --no-such-flag") == 1, proc.stderr
+    assert proc.stderr.count("usage: launcher.py") == 1, proc.stderr
+
+
+def test_a_flag_without_effect_is_warned_about_once():
+    steps = SMALL.index("--max_step") + 1
+    argv = ["--worker-num", "2", *SMALL[:steps], "2", *SMALL[steps + 1 :], "--max-staleness", "3"]
+    proc = mpirun(3, argv, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warning = "launcher.py: warning: --max-staleness has no effect without --sparse-sync async"
+    assert proc.stderr.count(warning) == 1, proc.stderr[-3000:]
