@@ -355,7 +355,13 @@ class Worker:
         result = self._evaluate(steps, final=True)
         if self.cfg.output.test_batches != 0:
             result.update(self._evaluate(steps, "test"))
+        # Every worker's counters, gathered once (the workers have just met in the
+        # evaluation): the summary keeps worker 0's under their names and adds the reduced
+        # figures as <key>_sum, _max or _mean (metrics.reduce_workers).
+        counters = self._record({})
+        everyone = self.comm.gather(counters, root=0)
         if self.chief:
+            assert everyone is not None
             if self.cfg.output.dump_state:
                 keys, values, _ = self.client.dump()
                 write_dump(self.cfg.output.dump_state, model_arrays(self.model, keys, values))
@@ -377,7 +383,7 @@ class Worker:
                     self.client.stats(), t.memory_rows > 0, t.admit_after > 1 or t.expire_after > 0
                 )
             )
-            summary = self._record(head)
+            summary = {**head, **counters, **metrics.reduce_workers(everyone)}
             self.log.write({"summary": summary})
             print(metrics.summary_table(summary), flush=True)
         self.log.close()

@@ -204,13 +204,47 @@ def table_figures(shard_stats: Sequence[Mapping[str, Any]], tiered: bool, rules:
     return {f"ps_{n}": sum(int(s.get(n, 0)) for s in shard_stats) for n in names}
 
 
+def reduction(key: str) -> str:
+    """How a per-worker counter is reduced over the workers: ``sum`` (counts and bytes:
+    ``rows_*``, ``bytes_*``, ``reads_*``), ``max`` (``*_max``, ``*_wait_s``,
+    ``exposed_sparse_s``: the slowest or worst worker is what bounds the job) or ``mean``
+    (phase seconds ``t_*``, other seconds ``*_s``, ``*_mean``, ``*_rate``)."""
+    if key.endswith(("_max", "_wait_s")) or key == "exposed_sparse_s":
+        return "max"
+    if key.startswith("t_") or key.endswith(("_s", "_mean", "_rate")):
+        return "mean"
+    return "sum"
+
+
+def reduce_workers(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``<key>_<reduction>`` over every worker's record, for each number every worker
+    reports (the summary's per-worker figures under their own names stay worker 0's)."""
+    if not records:
+        return {}
+    out: dict[str, float] = {}
+    for key in records[0]:
+        values = [r.get(key) for r in records]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            continue
+        how, nums = reduction(key), [v for v in values if v is not None]
+        if how == "sum":
+            out[f"{key}_sum"] = sum(nums)
+        elif how == "max":
+            out[f"{key}_max"] = max(nums)
+        else:
+            out[f"{key}_mean"] = sum(float(v) for v in nums) / len(nums)
+    return out
+
+
 def summary_table(summary: Mapping[str, Any]) -> str:
-    """The end-of-run summary: the figures, then time per phase (``t_<phase>`` keys) with
-    its share of all phase time."""
-    plain = [
-        (k, v) for k, v in summary.items() if not k.startswith("t_") and not isinstance(v, Mapping)
-    ]
-    phases = [(k[2:], float(v)) for k, v in summary.items() if k.startswith("t_")]
+    """The end-of-run summary: the figures, then time per phase (``t_<phase>`` keys, worker
+    0's) with its share of all phase time."""
+
+    def phase(k: str) -> bool:
+        return k.startswith("t_") and not k.endswith("_mean")
+
+    plain = [(k, v) for k, v in summary.items() if not phase(k) and not isinstance(v, Mapping)]
+    phases = [(k[2:], float(v)) for k, v in summary.items() if phase(k)]
     out = [format_table(plain, ("metric", "value"))]
     if phases:
         total = sum(v for _, v in phases) or 1.0

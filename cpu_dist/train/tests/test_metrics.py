@@ -102,3 +102,28 @@ def test_progress_can_be_silenced(capsys):
     bar.set_postfix(loss="0.1")
     bar.close()
     assert capsys.readouterr().err == ""
+
+
+def test_worker_figures_reduce_by_their_kind():
+    w0 = {"bytes_pulled": 10, "rows_pushed": 3, "staleness_max": 1, "staleness_mean": 0.5}
+    w0 |= {"commit_wait_s": 2.0, "exposed_sparse_s": 1.0, "t_forward": 4.0, "note": "x"}
+    w1 = {"bytes_pulled": 30, "rows_pushed": 5, "staleness_max": 2, "staleness_mean": 1.5}
+    w1 |= {"commit_wait_s": 1.0, "exposed_sparse_s": 3.0, "t_forward": 2.0, "note": "y"}
+    got = metrics.reduce_workers([w0, w1])
+    assert got == {
+        "bytes_pulled_sum": 40,
+        "rows_pushed_sum": 8,
+        "staleness_max_max": 2,
+        "staleness_mean_mean": 1.0,
+        "commit_wait_s_max": 2.0,
+        "exposed_sparse_s_max": 3.0,
+        "t_forward_mean": 3.0,
+    }
+    assert metrics.reduce_workers([]) == {}
+
+
+def test_the_phase_table_keeps_worker_0s_phases():
+    text = summary_table({"steps": 2, "t_forward": 1.0, "t_forward_mean": 3.0})
+    phase_rows = text.split("\n\n")[1]
+    assert "forward" in phase_rows and "forward_mean" not in phase_rows
+    assert "t_forward_mean" in text.split("\n\n")[0]
