@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from cpu_dist.common.config import JobConfig, TrainConfig
 from cpu_dist.common.contracts import default_init_scale
@@ -53,6 +54,33 @@ _POSITIVE = _number(float, math.ulp(0.0), math.inf, "a positive number")
 _SECONDS = _number(float, 0.0, math.inf, "a number of seconds >= 0")
 
 
+# The shard's own flags that set a Server keyword as they are: flag, keyword, type, default,
+# help.  --port, --dim and --token-file are required; --init-scale, --max-message-mb and
+# --checkpoint-dir are converted (make_server); the table flags are the launcher's.
+_DIRECT = (
+    ("--port", "port", _PORT, None, "TCP port, 0 = chosen by the OS"),
+    ("--host", "host", str, "127.0.0.1", "address to listen on"),
+    ("--table", "table", str, "embedding", "table name the job's calls must name"),
+    ("--seed", "seed", _SEED, TrainConfig.seed, "row initialisation seed"),
+    ("--shard-index", "shard_index", _INDEX, 0, "this shard's place in --ps_list"),
+    ("--num-shards", "num_shards", _POSITIVE_INT, 1, "length of --ps_list"),
+    (
+        "--session-idle-timeout",
+        "session_idle_timeout_s",
+        _SECONDS,
+        JobConfig.session_idle_timeout_s,
+        "close commit sessions idle this many seconds, e.g. a crashed job's (0: never)",
+    ),
+)
+# The launcher's table flags (flags.add_table_flags: plain ints, which its validate step
+# checks): their dest, the Server keyword they set and the largest value that keyword holds.
+_TABLE = (
+    ("ps_memory_rows", "memory_rows", 2**64 - 1),
+    ("ps_admit_after", "admit_after", 2**32 - 1),
+    ("ps_expire_after", "expire_after", 2**32 - 1),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=PROG,
@@ -61,12 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s = ap.add_argument_group("shard")
-    s.add_argument("--port", type=_PORT, required=True, help="TCP port, 0 = chosen by the OS")
+    for flag, _, kind, default, text in _DIRECT:
+        s.add_argument(flag, type=kind, default=default, required=default is None, help=text)
     s.add_argument("--dim", type=_POSITIVE_INT, required=True, help="row dimension")
     s.add_argument("--token-file", required=True, help="file holding the job token")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--table", default="embedding", help="table name the job's calls must name")
-    s.add_argument("--seed", type=_SEED, default=TrainConfig.seed, help="row initialisation seed")
     s.add_argument(
         "--init-scale",
         type=_POSITIVE,
@@ -74,8 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="first-touch rows are uniform in [-scale, scale) (default 1/sqrt(dim), as "
         "launcher.py's)",
     )
-    s.add_argument("--shard-index", type=_INDEX, default=0, help="this shard's place in --ps_list")
-    s.add_argument("--num-shards", type=_POSITIVE_INT, default=1, help="length of --ps_list")
     s.add_argument(
         "--max-message-mb",
         type=_number(int, 1, 2047, "a number of MiB in 1..2047"),
@@ -86,12 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-dir",
         default="",
         help="Save/Load RPCs read and write files under this directory only (default: refused)",
-    )
-    s.add_argument(
-        "--session-idle-timeout",
-        type=_SECONDS,
-        default=JobConfig.session_idle_timeout_s,
-        help="close commit sessions idle this many seconds, e.g. a crashed job's (0: never)",
     )
     s.add_argument(
         "--drain-timeout",
@@ -106,14 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
-    # The table flags are the launcher's (plain ints, checked by its validate step); here the
-    # bounds of the native module's fields.
-    for flag, high in (
-        ("--ps-memory-rows", 2**64 - 1),
-        ("--ps-admit-after", 2**32 - 1),
-        ("--ps-expire-after", 2**32 - 1),
-    ):
-        value = getattr(args, flag[2:].replace("-", "_"))
+    for dest, _, high in _TABLE:
+        value, flag = getattr(args, dest), "--" + dest.replace("_", "-")
         if value < 0 or value > high:
             ap.error(f"argument {flag}: {value} must be " + (">= 0" if value < 0 else f"<= {high}"))
     if args.shard_index >= args.num_shards:
@@ -121,25 +133,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _absolute(path: str | None) -> str:
+    return str(Path(path).resolve()) if path else ""
+
+
 def make_server(args: argparse.Namespace, token: str) -> Server:
     """The shard the arguments describe; ValueError when the native module refuses them."""
+    given: dict[str, Any] = {
+        kw: getattr(args, flag[2:].replace("-", "_")) for flag, kw, *_ in _DIRECT
+    }
+    given.update({kw: getattr(args, dest) for dest, kw, _ in _TABLE})
+    scale = args.init_scale if args.init_scale is not None else default_init_scale(args.dim)
     return Server(
         args.dim,
         token,
-        init_scale=args.init_scale if args.init_scale is not None else default_init_scale(args.dim),
-        host=args.host,
-        port=args.port,
-        table=args.table,
-        seed=args.seed,
-        shard_index=args.shard_index,
-        num_shards=args.num_shards,
+        init_scale=scale,
         max_message_bytes=args.max_message_mb << 20,
-        checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else "",
-        session_idle_timeout_s=args.session_idle_timeout,
-        memory_rows=args.ps_memory_rows,
-        ssd_dir=str(Path(args.ps_ssd_dir).resolve()) if args.ps_ssd_dir else "",
-        admit_after=args.ps_admit_after,
-        expire_after=args.ps_expire_after,
+        checkpoint_dir=_absolute(args.checkpoint_dir),
+        ssd_dir=_absolute(args.ps_ssd_dir),
+        **given,
     )
 
 

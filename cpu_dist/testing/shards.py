@@ -12,39 +12,33 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO
+from typing import IO, TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:  # Python 3.11's; annotations are not evaluated at run time
+    from typing import Unpack
 
 Launch = Callable[[list[str]], subprocess.Popen]
 START_TIMEOUT_S = 60.0  # a shard serves within a second here; a loaded machine gets room
 
 
-def shard_argv(
-    token_file: str,
-    dim: int,
-    *,
-    index: int = 0,
-    count: int = 1,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    extra: Sequence[str] = (),
-) -> list[str]:
+class Placement(TypedDict, total=False):
+    """Which shard of how many, where, with which further server flags (default: shard 0 of
+    1 on loopback, a port the OS picks, no further flags)."""
+
+    index: int
+    count: int
+    host: str
+    port: int
+    extra: Sequence[str]
+
+
+def shard_argv(token_file: str, dim: int, **where: Unpack[Placement]) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "cpu_dist.sparse.server",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--dim",
-        str(dim),
-        "--token-file",
-        token_file,
-        "--shard-index",
-        str(index),
-        "--num-shards",
-        str(count),
-        *extra,
+        *(sys.executable, "-m", "cpu_dist.sparse.server"),
+        *("--host", where.get("host", "127.0.0.1"), "--port", str(where.get("port", 0))),
+        *("--dim", str(dim), "--token-file", token_file),
+        *("--shard-index", str(where.get("index", 0)), "--num-shards", str(where.get("count", 1))),
+        *where.get("extra", ()),
     ]
 
 
@@ -90,25 +84,21 @@ def start_shard(
     token_file: str,
     dim: int,
     *,
-    index: int = 0,
-    count: int = 1,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    extra: Sequence[str] = (),
     launch: Launch | None = None,
     timeout_s: float = START_TIMEOUT_S,
+    **where: Unpack[Placement],
 ) -> tuple[subprocess.Popen, str]:
     """One shard, serving: ``(process, "host:port")``.  The caller stops it (:func:`stop`).
     A shard that exits or stays silent for ``timeout_s`` is stopped and RuntimeError names
     its exit code and the last of its standard error."""
-    argv = shard_argv(token_file, dim, index=index, count=count, host=host, port=port, extra=extra)
+    argv = shard_argv(token_file, dim, **where)
     proc = (launch or _local)(argv)
     line = _first_line(proc, timeout_s)
     if not line.startswith("listening on "):
         code = stop(proc, 10.0)
         err = proc.stderr.read().strip() if proc.stderr else ""
         raise RuntimeError(
-            f"shard {index} did not start (exit {code}): first line {line!r}"
+            f"shard {where.get('index', 0)} did not start (exit {code}): first line {line!r}"
             + (f", stderr: {err[-2000:]}" if err else "")
         )
     if proc.stderr is not None:
@@ -117,10 +107,12 @@ def start_shard(
 
 
 @contextlib.contextmanager
-def standalone_shard(token_file: str, dim: int, **kwargs) -> Iterator[tuple[str, subprocess.Popen]]:
+def standalone_shard(
+    token_file: str, dim: int, *, launch: Launch | None = None, **where: Unpack[Placement]
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """One shard for the block (:func:`start_shard`'s keywords): ``(address, process)``.
     A test that asserts how it exits calls :func:`stop` itself inside the block."""
-    proc, address = start_shard(token_file, dim, **kwargs)
+    proc, address = start_shard(token_file, dim, launch=launch, **where)
     try:
         yield address, proc
     finally:
