@@ -23,7 +23,8 @@ the update and the updated rows are stored back exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
@@ -35,7 +36,10 @@ from cpu_dist.dense.allreduce import make_dense_optimizer
 from cpu_dist.models.dlrm import build_dlrm
 from cpu_dist.train.dump import model_arrays
 
-__all__ = ["LocalEmbedding", "ReferenceTrainer", "train_reference"]
+if TYPE_CHECKING:  # Python 3.11's; the annotations are never evaluated at run time
+    from typing import Unpack
+
+__all__ = ["LocalEmbedding", "ReferenceSettings", "ReferenceTrainer", "train_reference"]
 
 
 class LocalEmbedding(nn.Module):
@@ -140,6 +144,39 @@ class TableRules:
         return self.last_update >= 0
 
 
+class _RequiredSettings(TypedDict):
+    dim: int
+    bot_mlp: Sequence[int]
+    top_mlp: Sequence[int]
+    seed: int  # the dense weights' (build_dlrm)
+    lr: float
+    sparse_lr: float | None  # None: lr
+    dense_optimizer: str
+    sparse_optimizer: str  # "sgd" or "rowwise_adagrad"
+    init_scale: float
+    init_seed: int  # row_init's
+
+
+class ReferenceSettings(_RequiredSettings, total=False):
+    """What the reference trains with besides its data: the one list of the keywords of
+    :class:`ReferenceTrainer` and :func:`train_reference` (which hands them on).  Optional:
+    ``dtype`` (dense part; default float32) and the table rules ``admit_after`` and
+    ``expire_after`` (default 0: off)."""
+
+    dtype: torch.dtype
+    admit_after: int
+    expire_after: int
+
+
+def _check_settings(settings: Mapping[str, object]) -> None:
+    """What the type checker holds for typed callers, at run time for the others (tests)."""
+    given = set(settings)
+    if unknown := given - ReferenceSettings.__required_keys__ - ReferenceSettings.__optional_keys__:
+        raise TypeError(f"unknown reference settings: {', '.join(sorted(unknown))}")
+    if missing := ReferenceSettings.__required_keys__ - given:
+        raise TypeError(f"missing reference settings: {', '.join(sorted(missing))}")
+
+
 class ReferenceTrainer:
     """The reference's state and one training step; :func:`train_reference` drives it.
 
@@ -152,21 +189,14 @@ class ReferenceTrainer:
         keys: np.ndarray,
         num_dense: int,
         num_sparse: int,
-        dim: int,
-        bot_mlp: Sequence[int],
-        top_mlp: Sequence[int],
-        seed: int,
-        lr: float,
-        sparse_lr: float | None,
-        dense_optimizer: str,
-        sparse_optimizer: str,
-        init_scale: float,
-        init_seed: int,
-        dtype: torch.dtype = torch.float32,
-        admit_after: int = 0,
-        expire_after: int = 0,
         start_step: int = 0,
+        **settings: Unpack[ReferenceSettings],
     ) -> None:
+        _check_settings(settings)
+        dim, init_seed, init_scale = settings["dim"], settings["init_seed"], settings["init_scale"]
+        lr, sparse_lr = settings["lr"], settings["sparse_lr"]
+        dtype = settings.get("dtype", torch.float32)
+        sparse_optimizer = settings["sparse_optimizer"]
         if sparse_optimizer not in ("sgd", "rowwise_adagrad"):
             raise ValueError(f"unknown sparse optimizer {sparse_optimizer!r}")
         self.keys = np.asarray(keys, dtype=np.int64)
@@ -178,17 +208,21 @@ class ReferenceTrainer:
             num_dense=num_dense,
             num_sparse=num_sparse,
             dim=dim,
-            bot_mlp=bot_mlp,
-            top_mlp=top_mlp,
-            seed=seed,
+            bot_mlp=settings["bot_mlp"],
+            top_mlp=settings["top_mlp"],
+            seed=settings["seed"],
             dtype=dtype,
         )
         self.dtype = dtype
         self.sparse_lr = lr if sparse_lr is None else sparse_lr
         self.sparse_optimizer = sparse_optimizer
-        self.optimizer = make_dense_optimizer(dense_optimizer, self.model.dense_parameters(), lr)
+        self.optimizer = make_dense_optimizer(
+            settings["dense_optimizer"], self.model.dense_parameters(), lr
+        )
         self.state = np.zeros(len(self.keys), dtype=np.float32)
-        self.rules = TableRules(len(self.keys), admit_after, expire_after)
+        self.rules = TableRules(
+            len(self.keys), settings.get("admit_after", 0), settings.get("expire_after", 0)
+        )
         self.init_seed, self.init_scale, self.dim = init_seed, init_scale, dim
         self.t = start_step  # the step the next call of step() trains
         self.loss_fn = nn.BCEWithLogitsLoss()
@@ -255,20 +289,8 @@ def train_reference(
     dataset: Dataset,
     steps: int,
     batch_size: int,
-    dim: int,
-    bot_mlp: Sequence[int],
-    top_mlp: Sequence[int],
-    seed: int,
-    lr: float,
-    sparse_lr: float | None,
-    dense_optimizer: str,
-    sparse_optimizer: str,
-    init_scale: float,
-    init_seed: int,
-    dtype: torch.dtype = torch.float32,
     start_step: int = 0,
-    admit_after: int = 0,
-    expire_after: int = 0,
+    **settings: Unpack[ReferenceSettings],
 ) -> dict[str, np.ndarray]:
     """Train steps ``[start_step, start_step + steps)`` from fresh weights; the --dump-state dict.
 
@@ -280,20 +302,8 @@ def train_reference(
         keys=_training_keys(dataset, batch_size, start_step, steps),
         num_dense=dataset.num_dense,
         num_sparse=dataset.num_sparse,
-        dim=dim,
-        bot_mlp=bot_mlp,
-        top_mlp=top_mlp,
-        seed=seed,
-        lr=lr,
-        sparse_lr=sparse_lr,
-        dense_optimizer=dense_optimizer,
-        sparse_optimizer=sparse_optimizer,
-        init_scale=init_scale,
-        init_seed=init_seed,
-        dtype=dtype,
-        admit_after=admit_after,
-        expire_after=expire_after,
         start_step=start_step,
+        **settings,
     )
     for step, batch in train_batches(dataset, batch_size, start_step):
         if step >= start_step + steps:
