@@ -2,7 +2,7 @@
 
 Layout of ``--checkpoint-dir DIR`` (see README "Checkpoints"):
 
-    DIR/step-00000123/shard-00000-of-00002.bin   one per PS shard (written by the shard itself)
+    DIR/step-00000123/shard-00000-of-00002.bin   after 123 steps: one per PS shard (its own file)
     DIR/step-00000123/dense.pt                   dense params, optimizer, RNG, data position
     DIR/step-00000123/manifest.json              written last: a directory without one is ignored
 """
@@ -16,6 +16,7 @@ from .manifest import (
     find_latest,
     read_manifest,
     step_dir_name,
+    steps_done,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "find_latest",
     "read_manifest",
     "step_dir_name",
+    "steps_done",
 ]

@@ -25,7 +25,8 @@ from mpi4py import MPI
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.files import fsync_dir
-from cpu_dist.common.mpi_context import wait_all
+from cpu_dist.common.flags import setting_flag
+from cpu_dist.common.mpi_context import EXIT_STOPPED, STOP, wait_all
 from cpu_dist.sparse import Client
 
 from . import dense_state
@@ -38,10 +39,14 @@ from .manifest import (
     find_latest,
     prune,
     shard_file_name,
+    shard_load_paths,
     step_dir_name,
+    steps_done,
 )
 
 # Settings a resumed job must share with the checkpoint: they decide what the saved state means.
+# The learning rates are not among them: the sparse one travels with every commit, the dense
+# one is set into the restored optimizer state; a resumed run says which settings it changed.
 MUST_MATCH = (
     "model.embedding_dim",
     "model.bot_mlp",
@@ -50,8 +55,6 @@ MUST_MATCH = (
     "model.init_scale",
     "train.dense_optimizer",
     "train.sparse_optimizer",
-    "train.lr",
-    "train.sparse_lr",
     "train.aggregation",
     "train.batch_size",
     "train.seed",
@@ -86,6 +89,16 @@ def checkpoint_to_resume(cfg: Config) -> Manifest | None:
     )
     check_files(m)
     return m
+
+
+def changed_settings(saved: dict, now: dict) -> list[str]:
+    """``--flag OLD -> NEW`` for every setting a resumed run changed (none of MUST_MATCH:
+    the check refused those): the learning rates, the step count, logging, ..."""
+    return [
+        f"{setting_flag(k)} {saved[k]!r} -> {now.get(k)!r}"
+        for k in sorted(saved)
+        if k in now and saved[k] != now[k]
+    ]
 
 
 class Commits(Protocol):
@@ -129,6 +142,7 @@ class Checkpointer:
         self.chief = comm.Get_rank() == 0
         self.every, self.keep, self.resume = ck.every, ck.keep, ck.resume
         self.timeout_s = ck.timeout_s
+        self.external = cfg.job.external_shards  # standalone shards: files under their own dirs
         # The other workers wait while the chief has every shard write: the checkpoint's whole
         # budget on top of the usual wait for each other.
         self.wait_s = cfg.job.barrier_timeout_s + ck.timeout_s
@@ -141,6 +155,25 @@ class Checkpointer:
         if self.root is not None and self.every > 0 and (step + 1) % self.every == 0:
             self.save(step)
 
+    def stop_requested(self, step: int) -> bool:
+        """At the boundary after ``step`` (every worker calls it): True when any worker was
+        asked to stop (``STOP``), after the state of steps 0..step is saved (unless
+        ``after_step`` just saved it).  Without --checkpoint-dir the stop signals keep their
+        default action (the job dies), so there is nothing to agree on."""
+        if self.root is None or not STOP.agreed(self.comm):
+            return False
+        if not self.saved or self.saved[-1] != step:
+            self.save(step)
+        if self.chief:
+            print(
+                f"cpu_dist: stopped on request after {steps_done(step)} steps; checkpoint "
+                f"{self.root / step_dir_name(steps_done(step))} written; exit code "
+                f"{EXIT_STOPPED}, --resume continues",
+                file=sys.stderr,
+                flush=True,
+            )
+        return True
+
     def save(self, step: int) -> None:
         self.commits.wait_readable(step + 1)  # step is applied on every shard
         optimizer_state = self.dense.optimizer_state()  # collective (a sharded optimizer)
@@ -151,13 +184,18 @@ class Checkpointer:
 
     def _write(self, step: int, optimizer_state: dict[str, Any]) -> Manifest:
         assert self.root is not None
-        name = step_dir_name(step)
+        name = step_dir_name(steps_done(step))
         step_dir = self.root / name
         self.root.mkdir(parents=True, exist_ok=True)
         step_dir.mkdir(exist_ok=True)
         fsync_dir(self.root)  # the new directory survives a crash before the manifest
         n = self.client.num_shards
-        paths = [f"{name}/{shard_file_name(i, n)}" for i in range(n)]
+        files = [shard_file_name(i, n) for i in range(n)]
+        # PS ranks of the job write into the step directory (their directory is the job's);
+        # standalone shards under their own directory, in a folder of this run, so that jobs
+        # sharing a shard never share files.
+        prefix = f"{self.run_id}/{name}" if self.external else name
+        paths = [f"{prefix}/{f}" for f in files]
         session = self.commits.session
         results = self.client.save(
             paths, step, session.id, session.session_step(step), timeout_s=self.timeout_s
@@ -168,6 +206,7 @@ class Checkpointer:
                 bytes=int(r["bytes"]),
                 crc32=int(r["checksum"]),
                 rows=int(r["rows"]),
+                shard_path=p if self.external else "",
             )
             for p, r in zip(paths, results)
         ]
@@ -205,11 +244,18 @@ class Checkpointer:
                 )
             else:
                 assert m.path is not None
+                changed = changed_settings(m.config, self.cfg.settings())
+                if changed:
+                    print(
+                        "cpu_dist: --resume: changed since the checkpoint: " + "; ".join(changed),
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 # Take the shards over: sessions a crashed job left open are aborted (their
                 # unfinished steps dropped), then the rows are replaced by the checkpoint's.
                 self.client.abort_sessions()
                 self.client.load(
-                    [f"{m.path.name}/{e.file}" for e in m.shards],
+                    shard_load_paths(m),
                     [e.bytes for e in m.shards],
                     [e.crc32 for e in m.shards],
                     timeout_s=self.timeout_s,
@@ -219,13 +265,15 @@ class Checkpointer:
         if info is None:
             return 0
         path, step, self.run_id = info
-        self.dense.load_optimizer_state(
-            dense_state.load_dense(Path(path) / DENSE, self.model, step)
-        )
+        optimizer_state = dense_state.load_dense(Path(path) / DENSE, self.model, step)
+        for group in optimizer_state.get("param_groups", []):
+            group["lr"] = self.cfg.train.lr  # this run's, which may differ from the saved one
+        self.dense.load_optimizer_state(optimizer_state)
         if self.chief:
             print(
-                f"cpu_dist: resumed from {path} (step {step}); continuing at step {step + 1}",
+                f"cpu_dist: resumed from {path} ({steps_done(step)} steps done); continuing "
+                f"at step {steps_done(step)}",
                 file=sys.stderr,
                 flush=True,
             )
-        return step + 1
+        return steps_done(step)  # the index of the next step

@@ -14,7 +14,8 @@ from cpu_dist.common.files import atomic_write, file_crc32, fsync_dir
 from cpu_dist.common.flags import setting_flag
 
 FORMAT = "cpu_dist-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: shard files may live under the shards' own directories (shard_path)
+READS_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
@@ -24,8 +25,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names the file and the problem."""
 
 
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
+def steps_done(last_step: int) -> int:
+    """What checkpoints are numbered by: the count of steps they hold.  A checkpoint taken
+    after step t (0-based) holds steps 0..t, so after 10 steps it is ``step-00000010``.  The
+    one place that turns a step into that number (the manifest's ``step`` field stays the
+    last step, t, as in every manifest written before)."""
+    return last_step + 1
+
+
+def step_dir_name(steps: int) -> str:
+    """The step directory of a checkpoint holding ``steps`` steps (``steps_done``).  Older
+    checkpoints were named by their last step; they stay readable, as every reader takes
+    the step from the manifest, never from the name."""
+    return f"step-{steps:08d}"
 
 
 def shard_file_name(shard: int, num_shards: int) -> str:
@@ -39,6 +51,11 @@ class FileEntry:
     crc32: int  # dense: of the whole file; shard files: of the file's header, which holds
     # the checksum of every partition block (checked by the shard that loads it)
     rows: int = 0
+    # Where the shard that loads it finds it, relative to that shard's own --checkpoint-dir,
+    # when it is not in the step directory: standalone shards write their files under their
+    # own directory as <run id>/step-N/<file>.  Empty: in the step directory (PS ranks of the
+    # job write there, their directory being the job's).
+    shard_path: str = ""
 
 
 @dataclass
@@ -81,10 +98,10 @@ def read_manifest(step_dir: Path) -> Manifest:
         raise CheckpointError(f"checkpoint {path}: corrupt manifest ({exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: not a {FORMAT} manifest")
-    if raw.get("format_version") != FORMAT_VERSION:
+    if raw.get("format_version") not in READS_VERSIONS:
         raise CheckpointError(
             f"checkpoint {path}: format version {raw.get('format_version')!r}, "
-            f"this build reads version {FORMAT_VERSION}"
+            f"this build reads versions {', '.join(map(str, READS_VERSIONS))}"
         )
     try:
         m = Manifest(
@@ -109,6 +126,11 @@ def read_manifest(step_dir: Path) -> Manifest:
     for e in [*m.shards, m.dense]:
         if "/" in e.file or e.file.startswith("."):
             raise CheckpointError(f"checkpoint {path}: corrupt manifest (file name {e.file!r})")
+        parts = e.shard_path.split("/") if e.shard_path else []
+        if e.shard_path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise CheckpointError(
+                f"checkpoint {path}: corrupt manifest (shard path {e.shard_path!r})"
+            )
     m.path = step_dir
     return m
 
@@ -130,10 +152,18 @@ def check_matches(
             )
 
 
+def shard_load_paths(m: Manifest) -> list[str]:
+    """The shard files as the shards that load them name them: relative to their own
+    checkpoint directory (``shard_path``), or the step directory's files under the job's."""
+    assert m.path is not None
+    return [e.shard_path or f"{m.path.name}/{e.file}" for e in m.shards]
+
+
 def check_files(m: Manifest) -> None:
-    """Every file is there with its size; the dense file's checksum matches.  (Shard files'
-    contents are checked by the shards that load them.)"""
-    for e in [*m.shards, m.dense]:
+    """Every file of the step directory is there with its size; the dense file's checksum
+    matches.  (Shard files' contents, and the files under the shards' own directories, are
+    checked by the shards that load them.)"""
+    for e in [*(e for e in m.shards if not e.shard_path), m.dense]:
         p = m.file(e)
         try:
             size = p.stat().st_size

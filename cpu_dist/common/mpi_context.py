@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
 import time
 import traceback
@@ -28,6 +29,11 @@ T = TypeVar("T")
 TRACEBACK_ENV = "CPU_DIST_TRACEBACK"
 EXIT_ERROR = 2  # an expected failure: the code a bad flag gets, for the whole job
 EXIT_BUG = 1  # anything else
+# A job stopped on request (SIGTERM or SIGUSR1) after writing a checkpoint at the step
+# boundary: BSD's EX_TEMPFAIL, "try again later"; the sbatch script requeues on it and the
+# requeued run resumes.  The one definition (scripts/slurm/train.sbatch repeats the number).
+EXIT_STOPPED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class JobError(RuntimeError):
@@ -108,6 +114,55 @@ def exchange_ps_addresses(roles: Roles, address: str | None, error: str | None) 
     if failures:
         raise JobError("PS shard failed to start: " + "; ".join(failures))
     return [a for r, a, _ in items if r >= roles.worker_num]
+
+
+class StopRequest:
+    """Whether this process was asked to stop (``STOP_SIGNALS``).  Signals are per process,
+    so there is one of these per process (``STOP``); ``install`` replaces the signals' default
+    action (die at once) with a note that the training loop reads at its next step boundary,
+    where the workers agree (``agreed``), write a checkpoint and end with ``EXIT_STOPPED``.
+    PS ranks install it too: they keep serving until worker 0 sends Shutdown."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._note)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.signal = signum  # only a note: the handler may run between any two bytecodes
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def agreed(self, comm: MPI.Intracomm) -> bool:
+        """Collective over ``comm`` (the workers, at the same step boundary): True when any
+        of them was asked to stop, so that all stop at the same step."""
+        flag = np.array([1 if self.requested else 0], dtype=np.int32)
+        if comm.Get_size() > 1:
+            comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
+        return bool(flag[0])
+
+
+STOP = StopRequest()
+
+
+def agree_exit_code(
+    comm: MPI.Intracomm, code: int, timeout_s: float, what: str, poll_s: float = 0.005
+) -> int:
+    """The end-of-job meeting of every rank (``wait_all``'s sleeping poll and bound) that
+    also agrees on the job's exit code: the highest any rank brings (0, or EXIT_STOPPED)."""
+    mine = np.array([code], dtype=np.int32)
+    out = np.zeros(1, dtype=np.int32)
+    req = comm.Iallreduce(mine, out, op=MPI.MAX)
+    deadline = time.monotonic() + timeout_s
+    while not req.Test():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: other ranks did not arrive within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return int(out[0])
 
 
 def allgather_keys(comm: MPI.Intracomm, keys: np.ndarray) -> np.ndarray:

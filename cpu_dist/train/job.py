@@ -8,11 +8,13 @@ from cpu_dist.checkpoint.manifest import CheckpointError
 from cpu_dist.common.config import Config
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.mpi_context import (
+    EXIT_STOPPED,
+    STOP,
     Roles,
+    agree_exit_code,
     exchange_ps_addresses,
     ps_listen_host,
     share_job_secret,
-    wait_all,
 )
 from cpu_dist.common.threads import share_cores, workers_on_this_node
 from cpu_dist.common.tokens import TokenError, external_token
@@ -57,6 +59,8 @@ def _name_shard_rank(exc: PSError, roles: Roles, external: bool) -> PSError:
 
 def run_job(cfg: Config, roles: Roles) -> int:
     external = cfg.job.external_shards
+    if cfg.checkpoint.dir is not None:  # SIGTERM/SIGUSR1: checkpoint at the next step, stop
+        STOP.install()
     # Rank 0 alone reads the external token and checks the surroundings; every rank gets
     # the same verdict, and rank 0 speaks for all.
     shards_token, problem = None, None
@@ -85,13 +89,14 @@ def run_job(cfg: Config, roles: Roles) -> int:
             )
 
     local_workers = workers_on_this_node(roles.world, roles.is_worker)
+    stopped = False
     if roles.is_worker:
         from cpu_dist.train.loop import train_worker
 
         share_cores(local_workers)
         addresses = list(cfg.job.ps_list) if external else exchange_ps_addresses(roles, None, None)
         try:
-            train_worker(cfg, roles, token, session, addresses, stop_shards=not external)
+            stopped = train_worker(cfg, roles, token, session, addresses, not external)
         except PSError as exc:
             renamed = _name_shard_rank(exc, roles, external)
             if renamed is exc:
@@ -102,5 +107,6 @@ def run_job(cfg: Config, roles: Roles) -> int:
 
         run_ps_rank(cfg, roles, token, job_host)
     # PS ranks wait here for the whole run: training, evaluation and the last checkpoint.
-    wait_all(roles.world, cfg.job.barrier_timeout_s, "end of job")
-    return 0
+    # Every rank leaves with the job's code: EXIT_STOPPED when the workers stopped on request.
+    code = EXIT_STOPPED if stopped else 0
+    return agree_exit_code(roles.world, code, cfg.job.barrier_timeout_s, "end of job")

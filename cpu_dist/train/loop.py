@@ -28,7 +28,7 @@ from cpu_dist.data import WorkerBatches, dataset_for, eval_batches
 from cpu_dist.data.run_length import run_length
 from cpu_dist.dense.allreduce import broadcast_parameters
 from cpu_dist.dense.sync import make_dense_sync
-from cpu_dist.export import export_from_client
+from cpu_dist.export import data_spec, export_from_client
 from cpu_dist.models.dlrm import build_dlrm
 from cpu_dist.models.embedding import ShardedEmbedding
 from cpu_dist.serving.bundle import ModelSpec
@@ -223,6 +223,13 @@ class Worker:
         with self.timer("optimizer"):  # (and all-gather the parameters, under reduce_scatter)
             self.dense.step()
 
+    def _close(self, stop_shards: bool) -> None:
+        """The workers' last meeting; worker 0 then stops the job's own shards."""
+        self.log.close()
+        wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")
+        if self.chief and stop_shards:
+            self.client.shutdown()
+
     def _nothing_to_do(self, stop_shards: bool) -> None:
         """A resume whose checkpoint is at or past the step count: a requeued job that had
         finished ends at once, successfully, touching nothing."""
@@ -239,11 +246,12 @@ class Worker:
         if self.chief and stop_shards:
             self.client.shutdown()
 
-    def run(self, stop_shards: bool) -> None:
+    def run(self, stop_shards: bool) -> bool:
+        """Trains; True when the job was asked to stop (and checkpointed where it stopped)."""
         cfg = self.cfg
         if self.done:
             self._nothing_to_do(stop_shards)
-            return
+            return False
         if self.chief:
             print(f"cpu_dist: {self.length.describe()}", flush=True)
         bar = metrics.progress(
@@ -251,7 +259,7 @@ class Worker:
         )
         window = Window(time.perf_counter())
         run_t0 = time.perf_counter()
-        steps, ahead = cfg.train.max_step, None
+        steps, ahead, stopped = cfg.train.max_step, None, False
         for step in range(self.start, cfg.train.max_step):
             with self.timer("data"):
                 prepared = ahead if ahead is not None else self._next_batch()
@@ -267,10 +275,17 @@ class Worker:
             window.add_loss(loss.item())
             self.checkpointer.after_step(step)  # --checkpoint-every: at this step boundary
             self._after_step(step, steps, loss, window, bar)
+            if step + 1 < steps and self.checkpointer.stop_requested(step):  # SIGTERM, SIGUSR1
+                steps, stopped = step + 1, True
+                break
         bar.close()
         with self.timer("commit_wait"):
             self.pipeline.finish(max(steps, self.start) - 1)
-        self._end(steps, time.perf_counter() - run_t0, stop_shards)
+        if stopped:  # checkpointed: no evaluation or outputs, the resumed run makes them
+            self._close(stop_shards)
+        else:
+            self._end(steps, time.perf_counter() - run_t0, stop_shards)
+        return stopped
 
     def _after_step(self, step: int, steps: int, loss: torch.Tensor, window: Window, bar) -> None:
         out = self.cfg.output
@@ -349,7 +364,8 @@ class Worker:
         )
         dense = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         assert self.cfg.output.export is not None
-        export_from_client(self.client, dense, spec, step, Path(self.cfg.output.export))
+        out = Path(self.cfg.output.export)
+        export_from_client(self.client, dense, spec, step, out, data=data_spec(self.cfg.settings()))
 
     def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
         result = self._evaluate(steps, final=True)
@@ -426,5 +442,6 @@ def train_worker(
     session: int,
     addresses: list[str],
     stop_shards: bool,
-) -> None:
-    Worker(cfg, roles, token, session, addresses).run(stop_shards)
+) -> bool:
+    """True when the job stopped on request (``Worker.run``)."""
+    return Worker(cfg, roles, token, session, addresses).run(stop_shards)

@@ -43,7 +43,8 @@ def check_checkpoint_dir(cfg: Config) -> None:
     if latest is not None:
         raise SetupError(
             f"--checkpoint-dir {ck.dir} already holds checkpoints of another run (newest: "
-            f"step {latest.step}, run {latest.run_id or '?'}); pass --resume to continue that "
+            f"{latest.path.name if latest.path else '?'}, run {latest.run_id or '?'}); pass "
+            "--resume to continue that "
             "run, or choose an empty directory"
         )
 
@@ -110,6 +111,33 @@ def check_external_shards(cfg: Config, token: str) -> None:
         )
 
 
+def check_external_checkpoint_dirs(cfg: Config, token: str) -> None:
+    """A job that checkpoints has standalone shards write their part themselves, so each must
+    have been started with a checkpoint directory of its own.  Asked with a Load of a path no
+    shard accepts ("."): a shard without a directory says so (FAILED_PRECONDITION) before it
+    looks at the path, one with a directory refuses the path; nothing is read or changed."""
+    if cfg.checkpoint.dir is None:
+        return
+    for i, address in enumerate(cfg.job.ps_list):
+        client = Client(
+            [address], token, cfg.model.embedding_dim, timeout_s=cfg.client.rpc_timeout_s
+        )
+        try:
+            client.load(["."])
+        except PSError as exc:
+            if getattr(exc, "code", None) == "FAILED_PRECONDITION" or (
+                "no checkpoint directory" in str(exc)
+            ):
+                raise SetupError(
+                    f"shard {i} of --ps_list ({address}) has no checkpoint directory, and this "
+                    f"job writes checkpoints (--checkpoint-dir {cfg.checkpoint.dir}): start the "
+                    "shard with `python -m cpu_dist.sparse.server ... --checkpoint-dir DIR` (it "
+                    "writes its files under DIR/<run id>/step-N/)"
+                ) from None
+        finally:
+            client.close()
+
+
 def preflight(cfg: Config, roles: Roles, token: str) -> None:
     """Raises SetupError on every rank when world rank 0 finds the job cannot start."""
     verdict = None
@@ -118,6 +146,7 @@ def preflight(cfg: Config, roles: Roles, token: str) -> None:
             check_checkpoint_dir(cfg)
             if cfg.job.external_shards:
                 check_external_shards(cfg, token)
+                check_external_checkpoint_dirs(cfg, token)
         except SetupError as exc:
             verdict = str(exc)
     verdict = roles.world.bcast(verdict, root=0)

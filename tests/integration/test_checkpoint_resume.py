@@ -48,7 +48,7 @@ def test_resume_across_shard_counts_gives_the_same_bits(full, tmp_path):
     # 3 shards: resume at step 10, run to 16, checkpoint after 14 (rows re-partitioned 1 -> 3)
     train(tmp_path, "b", 2, 3, [*OPT, "--max_step", "16", "--resume", *ckpt(d, 5)])
     assert steps_in(d) == [9, 14]  # --checkpoint-keep 2
-    manifest = json.loads((d / "step-00000014" / "manifest.json").read_text())
+    manifest = json.loads((d / "step-00000015" / "manifest.json").read_text())  # 15 steps
     assert manifest["num_shards"] == 3 and len(manifest["shards"]) == 3
     # 1 shard again: resume at 15 (3 -> 1), run to 20
     got = train(
@@ -120,7 +120,7 @@ def test_resume_after_kill_gives_the_same_bits(full, tmp_path):
 def test_bad_checkpoints_stop_the_job_naming_the_file(tmp_path):
     d = tmp_path / "ck"
     train(tmp_path, "a", 1, 1, ["--max_step", "4", *ckpt(d, 4)])
-    step = d / "step-00000003"
+    step = d / "step-00000004"  # after 4 steps
     shard = step / "shard-00000-of-00001.bin"
     good = shard.read_bytes()
 
@@ -189,12 +189,12 @@ def test_resume_with_the_cache_stage(tmp_path, prescan):
 def test_a_fresh_run_does_not_take_a_directory_of_another_runs_checkpoints(tmp_path):
     d = tmp_path / "ck"
     train(tmp_path, "first", 1, 1, ["--max_step", "4", *ckpt(d, 2)])
-    run_id = json.loads((d / "step-00000003" / "manifest.json").read_text())["run_id"]
+    run_id = json.loads((d / "step-00000004" / "manifest.json").read_text())["run_id"]
     assert run_id
     proc = mpirun(2, ["--worker-num", "1", *SMALL, "--max_step", "4", *ckpt(d, 2)])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"--checkpoint-dir {d} already holds checkpoints of another run" in proc.stderr
-    assert f"step 3, run {run_id}" in proc.stderr and "--resume" in proc.stderr
+    assert f"step-00000004, run {run_id}" in proc.stderr and "--resume" in proc.stderr
     assert steps_in(d) == [1, 3]  # nothing was pruned or written
     # --resume continues that run under its id, and prunes only its own checkpoints
     train(tmp_path, "second", 1, 1, ["--max_step", "8", "--resume", *ckpt(d, 2)])

@@ -119,8 +119,8 @@ def test_every_problem_names_the_file(tmp_path):
     for text, msg in [
         ("{oops", "corrupt manifest"),
         (
-            good.replace('"format_version": 1', '"format_version": 2'),
-            "format version 2, this build reads version 1",
+            good.replace('"format_version": 2', '"format_version": 3'),
+            "format version 3, this build reads versions 1, 2",
         ),
         (json.dumps({**json.loads(good), "num_shards": 2}), "1 shard files for num_shards 2"),
         (good.replace("shard-00000-of-00001.bin", "../../etc/passwd"), "file name"),

@@ -1,0 +1,116 @@
+"""A job asked to stop (SIGTERM to its ranks, as Slurm delivers it, or SIGUSR1 to mpirun, which
+forwards it) writes a checkpoint at the next step boundary and exits with EXIT_STOPPED; the
+resumed run ends with the bits of a run never stopped, and may change the learning rates and
+the step count (it says so), not the must-match settings.  Checkpoints are numbered by the
+steps they hold.  Real mpirun jobs, real PS ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cpu_dist.checkpoint.manifest import step_dir_name, steps_done
+from cpu_dist.common.mpi_context import EXIT_STOPPED
+
+from .jobctl import Job
+from .launch import SMALL, mpirun, train
+
+pytestmark = pytest.mark.timeout(500)
+OPT = ["--dense-optimizer", "adamw", "--sparse-optimizer", "rowwise_adagrad"]
+
+
+def ckpt(d: Path) -> list[str]:
+    return ["--checkpoint-dir", str(d), "--checkpoint-every", "1000"]
+
+
+def checkpoints(d: Path) -> dict[str, int]:
+    """step directory name -> the manifest's step (the last step it holds)."""
+    return {
+        m.parent.name: json.loads(m.read_text())["step"] for m in d.glob("step-*/manifest.json")
+    }
+
+
+def stop_job(tmp_path: Path, d: Path, how: str) -> tuple[int, str]:
+    job = Job(
+        3,
+        ["--worker-num", "2", *SMALL, *OPT, "--max_step", "100000", *ckpt(d)],
+        tmp_path / f"{how}.jsonl",
+    )
+    try:
+        job.wait_for_steps(6, timeout=180)
+        if how == "ranks":  # what Slurm's scancel and preemption do: every task gets it
+            for pid in job.rank_pids().values():
+                os.kill(pid, signal.SIGTERM)
+        else:  # mpirun forwards SIGUSR1 to every rank
+            os.kill(job.proc.pid, signal.SIGUSR1)
+        rc, _out, err = job.finish(timeout=120)
+    finally:
+        job.kill_all()
+    return rc, err
+
+
+def test_sigterm_to_the_ranks_checkpoints_stops_and_resumes_to_the_same_bits(tmp_path):
+    d = tmp_path / "ck"
+    rc, err = stop_job(tmp_path, d, "ranks")
+    assert rc == EXIT_STOPPED, err[-3000:]
+    assert "stopped on request" in err, err[-3000:]
+    saved = checkpoints(d)
+    assert len(saved) == 1, saved
+    ((name, last),) = saved.items()
+    assert name == step_dir_name(steps_done(last)) == f"step-{last + 1:08d}"
+    assert f"after {last + 1} steps" in err
+    end = last + 1 + 6
+    want = train(tmp_path, "whole", 2, 1, [*OPT, "--max_step", str(end)])
+    got = train(tmp_path, "resumed", 2, 1, [*OPT, "--max_step", str(end), "--resume", *ckpt(d)])
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_sigusr1_to_mpirun_stops_the_job_the_same_way(tmp_path):
+    d = tmp_path / "ck"
+    rc, err = stop_job(tmp_path, d, "mpirun")
+    assert rc == EXIT_STOPPED, err[-3000:]
+    assert len(checkpoints(d)) == 1
+
+
+def test_a_resume_may_change_the_learning_rates_and_says_so(tmp_path):
+    d = tmp_path / "ck"
+    train(
+        tmp_path,
+        "a",
+        1,
+        1,
+        ["--max_step", "4", "--checkpoint-dir", str(d), "--checkpoint-every", "4"],
+    )
+    assert checkpoints(d) == {"step-00000004": 3}  # after 4 steps
+    resume = ["--max_step", "8", "--resume", "--checkpoint-dir", str(d)]
+    same = train(tmp_path, "same", 1, 1, resume)
+    proc = mpirun(
+        2,
+        [
+            "--worker-num",
+            "1",
+            *SMALL,
+            *resume,
+            "--lr",
+            "0.05",
+            "--sparse-lr",
+            "0.02",
+            "--dump-state",
+            str(tmp_path / "lr.npz"),
+        ],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "changed since the checkpoint" in proc.stderr
+    assert "--lr 0.1 -> 0.05" in proc.stderr and "--max_step 4 -> 8" in proc.stderr
+    with np.load(tmp_path / "lr.npz") as z:
+        lower = {k: z[k] for k in z.files}
+    # both learning rates took effect: dense parameters and sparse rows differ
+    moved = [k for k in same if not np.array_equal(same[k], lower[k])]
+    assert any(k.startswith("dense/") for k in moved) and "sparse_values" in moved, moved
