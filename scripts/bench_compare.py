@@ -44,6 +44,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_LOCK = Path("/tmp/cpu_dist_build.lock")  # scripts/build.sh holds the same lock
 STAMP = ".bench-compare-stamp"
+LOCK_TIMEOUT_S = 1800.0  # waiting for another build (scripts/build.sh, or a comparison)
+BUILD_STEP_TIMEOUT_S = 3600.0  # one CMake step; a full build takes about a minute here
+QUICK_TIMEOUT_S = 300.0  # a git call, an import check
 # The native modules a base tree must hold before its benchmarks can run (CMakeLists.txt
 # installs them beside their packages).
 NATIVE = ("cpu_dist.sparse._ps", "gpu_cache._metadata")
@@ -134,7 +137,9 @@ def one_sided(head: Sequence[dict[str, float]], base: Sequence[dict[str, float]]
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S
+    )
     if proc.returncode != 0:
         raise CompareError(f"git {' '.join(args)} failed: {_last_line(proc.stderr)}")
     return proc.stdout.strip()
@@ -146,6 +151,7 @@ def resolve(rev: str) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
+        timeout=QUICK_TIMEOUT_S,
     )
     if proc.returncode != 0:
         raise CompareError(f"unknown revision {rev!r} (not a commit of {ROOT})", 2)
@@ -168,17 +174,29 @@ def check_bench(rel: str, commit: str, rev: str) -> None:
     if not (ROOT / rel).is_file():
         raise CompareError(f"{rel} does not exist in the working tree", 2)
     listed = subprocess.run(
-        ["git", "cat-file", "-e", f"{commit}:{rel}"], cwd=ROOT, capture_output=True
+        ["git", "cat-file", "-e", f"{commit}:{rel}"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=QUICK_TIMEOUT_S,
     )
     if listed.returncode != 0:
         raise CompareError(f"{rel} does not exist in {rev} ({commit[:12]})", 2)
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
+def locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """``path`` locked (flock) for the block; CompareError after ``timeout_s`` of waiting."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CompareError(f"{path} stayed locked for {timeout_s:g} s") from None
+                time.sleep(0.5)  # another build holds it: poll, no busy wait
         try:
             yield
         finally:
@@ -203,7 +221,12 @@ def check_imports(tree: Path, python: str) -> None:
         f"[importlib.import_module(m).__file__ for m in {list(NATIVE)!r}]))"
     )
     proc = subprocess.run(
-        [python, "-c", code], cwd=tree, env=base_env(tree), capture_output=True, text=True
+        [python, "-c", code],
+        cwd=tree,
+        env=base_env(tree),
+        capture_output=True,
+        text=True,
+        timeout=QUICK_TIMEOUT_S,
     )
     if proc.returncode != 0:
         raise CompareError(f"the base tree {tree} does not import: {_last_line(proc.stderr)}")
@@ -219,7 +242,13 @@ def _stamp_matches(tree: Path, commit: str, python: str) -> bool:
         return False
     if stamp != {"commit": commit, "python": python}:
         return False
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=QUICK_TIMEOUT_S,
+    )
     return head.returncode == 0 and head.stdout.strip() == commit
 
 
@@ -234,7 +263,11 @@ def prepare_base(commit: str, work: Path, python: str, log: Path) -> Path:
             print(f"base {commit[:12]}: reusing the build in {tree}", flush=True)
         else:
             if tree.exists():  # an unfinished attempt: start again
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(tree)],
+                    cwd=ROOT,
+                    timeout=QUICK_TIMEOUT_S,
+                )
                 shutil.rmtree(tree, ignore_errors=True)
             git("worktree", "prune")
             git("worktree", "add", "--detach", str(tree), commit)
@@ -251,7 +284,11 @@ def build(tree: Path, python: str, log: Path) -> None:
     tree's packages (where CMakeLists.txt's install() rules put them)."""
     out = tree / "build" / "bench-compare"
     pybind = subprocess.run(
-        [python, "-m", "pybind11", "--cmakedir"], capture_output=True, text=True, check=True
+        [python, "-m", "pybind11", "--cmakedir"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=QUICK_TIMEOUT_S,
     ).stdout.strip()
     steps = [
         (
@@ -271,7 +308,14 @@ def build(tree: Path, python: str, log: Path) -> None:
         for name, cmd in steps:
             f.write(f"$ {' '.join(cmd)}\n")
             f.flush()
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+            try:
+                rc = subprocess.run(
+                    cmd, stdout=f, stderr=subprocess.STDOUT, timeout=BUILD_STEP_TIMEOUT_S
+                ).returncode
+            except subprocess.TimeoutExpired:
+                raise CompareError(
+                    f"building {tree.name[:12]}: {name} took over {BUILD_STEP_TIMEOUT_S:g} s: {log}"
+                ) from None
             if rc != 0:
                 raise CompareError(f"building {tree.name[:12]} failed ({name}, exit {rc}): {log}")
     print(f"base {tree.name[:12]}: built in {time.monotonic() - t0:.0f} s", flush=True)
