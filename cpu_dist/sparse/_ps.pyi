@@ -77,7 +77,9 @@ def apply_rows(
 ) -> None:
     """In place: rows (float32 [n, dim], C order) and states (row-wise Adagrad's float32 [n])
     as a commit changes them on a shard, given the step's summed gradient rows and its world
-    size as divisor: the shard's arithmetic (csrc/row_update.h), so the bits agree."""
+    size as divisor: the shard's arithmetic (csrc/row_update.h), so the bits agree.  TypeError
+    unless rows and states are writeable C-contiguous float32 numpy arrays (a converted copy
+    would be updated instead)."""
 
 class Server:
     def __init__(
@@ -98,6 +100,7 @@ class Server:
         session_idle_timeout_s: float = 0.0,
         max_sessions: int = 1024,
         max_held_bytes: int = 1 << 30,
+        max_pending_bytes: int = 1 << 30,
         max_memory_bytes: int = 4 << 30,
         max_concurrent_streams: int = 256,
         memory_rows: int = 0,
@@ -110,9 +113,11 @@ class Server:
         metadata).  ``session_idle_timeout_s``: commit sessions without a chunk, wait or close
         for this long are ended (0: never).  ``max_sessions``: live sessions; a new one
         evicts the least recently active.  ``max_held_bytes``: per session, the chunks held
-        for steps after the next one.  ``max_memory_bytes``: gRPC's memory quota for the
-        server; ``max_concurrent_streams``: per connection.  ``memory_rows``: rows the DRAM
-        tier holds (0: unbounded); without ``ssd_dir`` an update needing more is refused
+        for steps after the next one; ``max_pending_bytes``: the next step's (a chunk beyond
+        fails the session, RESOURCE_EXHAUSTED).  ``max_memory_bytes``: gRPC's memory quota for
+        the server, and apart from it the bound on gradients being decoded from compressed
+        requests at once; ``max_concurrent_streams``: per connection.  ``memory_rows``: rows
+        the DRAM tier holds (0: unbounded); without ``ssd_dir`` an update needing more is refused
         (RESOURCE_EXHAUSTED), with it (an absolute directory; the shard makes its own RocksDB
         in it and removes it when it stops) the rows beyond go to SSD.  ``admit_after`` N (0,
         1: off) and ``expire_after`` S (0: off): the step rules of commits (csrc/table_rules.h).
@@ -123,13 +128,16 @@ class Server:
         cannot listen ("address already in use": one port serves one shard)."""
     # Test-only (csrc/test_hooks.h), on a server made with test_hooks=True (else
     # RuntimeError); points: "pull_between_stripes" (a pull's gather after its first stripe),
-    # "save_frozen" (a Save with the table frozen).  A thread holds at most 60 s.
+    # "save_frozen" (a Save with the table frozen), "decode_reserved" (a compressed request,
+    # its decoded bytes counted, before decoding).  A thread holds at most 60 s.
     def test_hold(self, point: str) -> None:
         """The next thread that reaches ``point`` holds there until test_release."""
     def test_wait_held(self, point: str, timeout_s: float = 10.0) -> bool:
         """True once a thread holds at ``point`` (within timeout_s)."""
     def test_release(self, point: str) -> None:
         """The thread held at ``point`` goes on."""
+    def test_fail_ssd_writes(self, on: bool) -> None:
+        """While on, every write to the SSD tier fails (TierError)."""
     @property
     def port(self) -> int: ...
     @property

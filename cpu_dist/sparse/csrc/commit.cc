@@ -119,14 +119,20 @@ Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_
                          step, s.committed.load(), committed);
     touch(s);
     Stored stored;
-    PS_RETURN_IF_ERROR(store(s, std::move(c), &stored));
-    if (stored == Stored::kStepReady) {
+    const bool was_failed = !s.failed.ok();
+    Status st = store(s, std::move(c), &stored);
+    if (!st.ok() && !was_failed && !s.failed.ok()) {
+      applied_status = st;  // this chunk failed the session: its waiters hear of it below
+    } else if (!st.ok()) {
+      return st;
+    } else if (stored == Stored::kStepReady) {
       applied_status = apply_ready(s, session, rows_applied);
       applied = applied_status.ok();
     }
     *committed = s.committed.load();
   }
   if (!applied_status.ok()) {
+    notify(session, *committed);  // the steps that did apply (one failing after its apply too)
     fail_waiters(session, applied_status);
     return applied_status;
   }
@@ -151,6 +157,7 @@ Status CommitSessions::store(Session& s, CommitChunk&& c, Stored* out) {
   if (retry) return Status::OK;  // an identical retry of a stored chunk
   const uint64_t bytes = c.keys.size() + c.grads.size();
   PS_RETURN_IF_ERROR(check_held_bytes(s, c, bytes));
+  PS_RETURN_IF_ERROR(check_pending_bytes(s, c, bytes));
   if (step == nullptr) {  // the step's first chunk fixes its lr and optimizer
     step = &s.steps[c.step];
     step->lr = c.lr;
@@ -217,7 +224,7 @@ Status CommitSessions::check_chunk(const StepChunks* step, const RankSlot* slot,
 Status CommitSessions::check_held_bytes(const Session& s, const CommitChunk& c,
                                         uint64_t bytes) const {
   const int64_t pending = s.committed.load() + 1;
-  if (c.step == pending) return Status::OK;  // the pending step is never held back
+  if (c.step == pending) return Status::OK;  // check_pending_bytes
   auto pit = s.steps.find(pending);
   const uint64_t held = s.bytes - (pit != s.steps.end() ? pit->second.bytes : 0);
   if (held + bytes <= limits_.max_held_bytes) return Status::OK;
@@ -226,6 +233,25 @@ Status CommitSessions::check_held_bytes(const Session& s, const CommitChunk& c,
                              ": holding this chunk (", bytes, " bytes) beside the ", held,
                              " bytes held for steps after ", pending,
                              " would exceed max_held_bytes ", limits_.max_held_bytes));
+}
+
+Status CommitSessions::check_pending_bytes(Session& s, const CommitChunk& c, uint64_t bytes) const {
+  const int64_t pending = s.committed.load() + 1;
+  if (c.step != pending) return Status::OK;  // check_held_bytes
+  auto pit = s.steps.find(pending);
+  const uint64_t stored = pit != s.steps.end() ? pit->second.bytes : 0;
+  if (stored + bytes <= limits_.max_pending_bytes) return Status::OK;
+  // Refusing the chunk alone would leave a step that can never complete: the session fails.
+  s.failed = Status(
+      StatusCode::RESOURCE_EXHAUSTED,
+      absl::StrCat("session ", c.session, " step ", c.step, " rank ", c.rank, " chunk ",
+                   c.chunk_index, ": storing it (", bytes, " bytes) beside the ", stored,
+                   " bytes of the pending step would "
+                   "exceed max_pending_bytes ",
+                   limits_.max_pending_bytes, "; the step was not applied and the session failed"));
+  s.steps.clear();
+  s.bytes = 0;
+  return s.failed;
 }
 
 Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_applied) {
@@ -242,6 +268,15 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
       s.steps.erase(it);
       s.committed.store(step);
       continue;
+    } catch (const AppliedThenFailed& e) {
+      // The step is in the rows: committed says so, and the session fails all the same.
+      s.committed.store(step);
+      s.failed = Status(e.no_space() ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::INTERNAL,
+                        absl::StrCat("session ", session, " step ", step,
+                                     " was applied, then the session failed: ", e.what()));
+      s.steps.clear();
+      s.bytes = 0;
+      return s.failed;
     } catch (const TableFull& e) {
       code = StatusCode::RESOURCE_EXHAUSTED;
       why = e.what();

@@ -48,6 +48,8 @@ struct CommitChunk {
 struct SessionLimits {
   size_t max_sessions = 1024;  // live sessions; a new one evicts the least recently active
   uint64_t max_held_bytes = 1ull << 30;  // per session: chunks of steps after committed + 1
+  // Per session: the pending step's chunks (committed + 1); a chunk beyond fails the session.
+  uint64_t max_pending_bytes = 1ull << 30;
 };
 
 class CommitSessions {
@@ -182,6 +184,9 @@ class CommitSessions {
                                   const CommitChunk& c, bool* retry);
   // Refuses a held step's chunk that would take the session past max_held_bytes.
   grpc::Status check_held_bytes(const Session& s, const CommitChunk& c, uint64_t bytes) const;
+  // Caller holds s.mu.  A pending step's chunk that would take it past max_pending_bytes fails
+  // the session (the step can never be applied whole): that status.
+  grpc::Status check_pending_bytes(Session& s, const CommitChunk& c, uint64_t bytes) const;
   // Caller holds s.mu.  Applies the pending step and every held step complete after it, in
   // order; on a failure the session fails and that status is returned.
   grpc::Status apply_ready(Session& s, uint64_t session, size_t* rows_applied);

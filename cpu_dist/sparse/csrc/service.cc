@@ -85,7 +85,8 @@ PsService::PsService(const ServerOptions& opts, std::function<void()> on_shutdow
       table_(opts.dim, opts.seed, opts.init_scale, opts.stripes, opts.max_blocks_per_stripe,
              TierOptions{opts.memory_rows, opts.ssd_dir, absl::StrCat("shard-", opts.shard_index)},
              RuleOptions{opts.admit_after, opts.expire_after}),
-      sessions_(table_, SessionLimits{opts.max_sessions, opts.max_held_bytes}) {
+      sessions_(table_,
+                SessionLimits{opts.max_sessions, opts.max_held_bytes, opts.max_pending_bytes}) {
   table_.set_test_hooks(hooks_.get());
 }
 
@@ -141,11 +142,31 @@ Status PsService::check_encoding(int compression, Encoding* enc) const {
   return Status::OK;
 }
 
+bool PsService::DecodeBudget::reserve(uint64_t bytes, uint64_t limit, uint64_t* in_use_before) {
+  const uint64_t before = in_use_.fetch_add(bytes);
+  *in_use_before = before;
+  if (before + bytes > limit) {
+    in_use_.fetch_sub(bytes);
+    return false;
+  }
+  bytes_ += bytes;
+  return true;
+}
+
 Status PsService::decode_grads(Encoding enc, const std::string& keys, std::string* grads,
-                               const std::string& where) const {
+                               const std::string& where, DecodeBudget* budget) const {
   if (enc == Encoding::kNone) return Status::OK;
   const size_t n = keys.size() / sizeof(int64_t);
-  std::string rows(n * opts_.dim * sizeof(float), '\0');
+  const uint64_t decoded = static_cast<uint64_t>(n) * opts_.dim * sizeof(float);
+  uint64_t in_use = 0;
+  if (!budget->reserve(decoded, opts_.max_memory_bytes, &in_use))
+    return Status(StatusCode::RESOURCE_EXHAUSTED,
+                  absl::StrCat("decoding the ", encoding_name(enc), " gradients of ", where,
+                               " takes ", decoded, " bytes beside the ", in_use,
+                               " bytes other requests are decoding, over max_memory_bytes ",
+                               opts_.max_memory_bytes, "; nothing of it is applied (retry)"));
+  if (hooks_ != nullptr) hooks_->reach(TestPoint::kDecodeReserved);  // test-only
+  std::string rows(decoded, '\0');
   size_t bad = 0;
   CodecError err;
   if (!decode_rows(enc, grads->data(), n, opts_.dim, rows.data(), &bad, &err)) {
@@ -361,7 +382,8 @@ Status PsService::do_push(PushRequest& r, BB* resp) {
   Encoding enc;
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
   PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n, enc));
-  PS_RETURN_IF_ERROR(decode_grads(enc, r.keys(), r.mutable_grads(), "push"));
+  DecodeBudget budget(decoding_bytes_);  // until the push is applied
+  PS_RETURN_IF_ERROR(decode_grads(enc, r.keys(), r.mutable_grads(), "push", &budget));
   OptimizerKind kind;
   PS_RETURN_IF_ERROR(check_update(r.lr(), r.optimizer(), &kind));
   PS_RETURN_IF_ERROR(check_finite(r.keys(), r.grads(), "push"));
@@ -389,9 +411,10 @@ Status PsService::do_commit(CommitRequest& r, BB* resp) {
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
   PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n, enc));
   // Decoded on arrival: the session holds, compares (retries) and sums float32 rows.
-  PS_RETURN_IF_ERROR(
-      decode_grads(enc, r.keys(), r.mutable_grads(),
-                   absl::StrCat("session ", r.session(), " step ", r.step(), " rank ", r.rank())));
+  DecodeBudget budget(decoding_bytes_);  // until the session took (or dropped) the chunk
+  PS_RETURN_IF_ERROR(decode_grads(
+      enc, r.keys(), r.mutable_grads(),
+      absl::StrCat("session ", r.session(), " step ", r.step(), " rank ", r.rank()), &budget));
   CommitChunk c;
   PS_RETURN_IF_ERROR(check_update(r.lr(), r.optimizer(), &c.optimizer));
   PS_RETURN_IF_ERROR(

@@ -44,8 +44,9 @@ struct ServerOptions {
   std::string checkpoint_dir;
   // Commit sessions idle this long are ended (a crashed job's); 0: never.
   double session_idle_timeout_s = 0.0;
-  uint32_t max_sessions = 1024;          // live sessions; the least recently active makes room
-  uint64_t max_held_bytes = 1ull << 30;  // per session: chunks held for later steps
+  uint32_t max_sessions = 1024;             // live sessions; the least recently active makes room
+  uint64_t max_held_bytes = 1ull << 30;     // per session: chunks held for later steps
+  uint64_t max_pending_bytes = 1ull << 30;  // per session: the pending step's chunks
   // gRPC's memory quota for the server (transport buffers) and the HTTP/2 streams one
   // connection may have open at once.
   uint64_t max_memory_bytes = 4ull << 30;
@@ -140,10 +141,27 @@ class PsService {
   grpc::Status check_rows(const std::string& keys, const std::string* grads, size_t* n,
                           Encoding enc = Encoding::kNone) const;
   grpc::Status check_encoding(int compression, Encoding* enc) const;
+  // Bytes of decoded gradients a request holds beside its (encoded) message, counted against
+  // max_memory_bytes with every other request's before they are allocated; released when
+  // the request is done (what a session keeps of them is bounded by its own limits).
+  class DecodeBudget {
+   public:
+    explicit DecodeBudget(std::atomic<uint64_t>& in_use) : in_use_(in_use) {}
+    ~DecodeBudget() { in_use_.fetch_sub(bytes_); }
+    DecodeBudget(const DecodeBudget&) = delete;
+    DecodeBudget& operator=(const DecodeBudget&) = delete;
+    // False (nothing reserved) when `bytes` more would exceed `limit`.
+    bool reserve(uint64_t bytes, uint64_t limit, uint64_t* in_use_before);
+
+   private:
+    std::atomic<uint64_t>& in_use_;
+    uint64_t bytes_ = 0;
+  };
   // Replaces encoded gradients by their float32 rows (codec.h), before anything else looks
-  // at them; INVALID_ARGUMENT naming `where` and the key when a row is no valid encoding.
+  // at them; INVALID_ARGUMENT naming `where` and the key when a row is no valid encoding,
+  // RESOURCE_EXHAUSTED (nothing allocated) when `budget` cannot take the decoded rows.
   grpc::Status decode_grads(Encoding enc, const std::string& keys, std::string* grads,
-                            const std::string& where) const;
+                            const std::string& where, DecodeBudget* budget) const;
   // What a pull's reply carries beside its rows (PullRequest's session, row_steps and
   // row_states): the session's position, read before the rows are gathered.
   struct PullExtras {
@@ -166,6 +184,7 @@ class PsService {
   ShardTable table_;
   CommitSessions sessions_;
   mutable Counters counters_;
+  mutable std::atomic<uint64_t> decoding_bytes_{0};  // DecodeBudget
   std::mutex load_mu_;
   std::unique_ptr<ckpt::LoadedRows> prepared_;  // a PREPAREd load waiting for COMMIT
 };

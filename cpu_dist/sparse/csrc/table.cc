@@ -299,13 +299,19 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
 
 void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float lr,
                        OptimizerKind opt) {
+  std::optional<TierError> after;
   if (serial_) {
     std::unique_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
-    apply_locked(keys, grads, n, lr, opt, nullptr);
+    after = apply_locked(keys, grads, n, lr, opt, nullptr);
   } else {
     std::shared_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
-    apply_locked(keys, grads, n, lr, opt, nullptr);
+    after = apply_locked(keys, grads, n, lr, opt, nullptr);
   }
+  if (after)
+    throw AppliedThenFailed(absl::StrCat("the push was applied, then the SSD tier failed evicting "
+                                         "its rows (the DRAM tier is over its budget): ",
+                                         after->what()),
+                            after->no_space());
 }
 
 bool ShardTable::seen_before(Stripe& st, int64_t key) {

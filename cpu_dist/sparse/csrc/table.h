@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
@@ -66,6 +67,19 @@ class TableFull : public std::runtime_error {
 class MemoryFull : public TableFull {
  public:
   using TableFull::TableFull;
+};
+
+// An update whose rows were all applied, after which the SSD tier failed (evicting the rows
+// the update brought in, or expiry's drops): the table holds the update (no row half changed);
+// what failed is left undone (rows over the DRAM budget, part of the drops).
+class AppliedThenFailed : public std::runtime_error {
+ public:
+  AppliedThenFailed(const std::string& msg, bool no_space)
+      : std::runtime_error(msg), no_space_(no_space) {}
+  bool no_space() const { return no_space_; }
+
+ private:
+  bool no_space_;
 };
 
 struct TierOptions {
@@ -114,8 +128,9 @@ class ShardTable {
   void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
 
   // A committed step at job step `step`: the step rules (table_rules.h) around an apply.  The
-  // apply is all or nothing as above; expiry runs after it (a TierError there leaves the
-  // step applied and part of its drops undone: the caller's session fails).
+  // apply is all or nothing as above; expiry runs after it.  An SSD failure after the rows
+  // were applied (expiry's drops, or evicting what the step brought in) throws
+  // AppliedThenFailed: the step is in the table, the caller's session fails.
   struct StepResult {
     size_t applied = 0;   // rows updated
     size_t admitted = 0;  // rows created
@@ -280,11 +295,17 @@ class ShardTable {
   // CLOCK: evicts unpinned rows until at most `target` are resident, writing the dirty ones
   // in one batch first.  Returns how many left; throws TierError (then nothing left).
   size_t evict_to(Slots& s, uint64_t target) const;
+  // Every write to the SSD tier (all or nothing; throws TierError, also a test's fault).
+  void ssd_write(TierStore::Batch& batch) const;
   // Drops rows (expiry): from DRAM, and from SSD in one batch per stripe.
   size_t drop_rows(const std::vector<int64_t>& keys);
-  // The update (table_tiers.cc): pins every admitted row in DRAM, applies, unpins.
-  void apply_locked(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt,
-                    StepCtx* ctx);
+  // The update (table_tiers.cc): pins every admitted row in DRAM (evicting others, and where
+  // the update alone exceeds a stripe's share writing its new rows to SSD ahead, so that a
+  // failing SSD fails the update whole), applies, unpins.  Returns the error of an eviction
+  // after the update (nullopt: none; it writes nothing but in a failure nobody foresaw): the
+  // caller throws AppliedThenFailed once its own bookkeeping is done.
+  std::optional<TierError> apply_locked(const int64_t* keys, const float* grads, size_t n, float lr,
+                                        OptimizerKind opt, StepCtx* ctx);
   void check_budget(const int64_t* keys, size_t n, const std::vector<uint32_t>& order,
                     const std::vector<uint32_t>& starts, const StepCtx* ctx) const;
   // After a failed pass 1: unpins, and releases the `fresh` (first-touch) rows.

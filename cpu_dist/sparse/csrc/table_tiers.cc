@@ -2,6 +2,8 @@
 // and the update path that pins rows in DRAM while it changes them.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "table.h"
@@ -22,6 +24,12 @@ uint32_t ShardTable::promote(Slots& s, int64_t key, const char* value) const {
   *flags_ptr(s, slot) |= kOnSsd | kRef;  // a clean copy
   ++s.copies;
   return slot;
+}
+
+void ShardTable::ssd_write(TierStore::Batch& batch) const {
+  if (hooks_ != nullptr && hooks_->ssd_writes_fail() && batch.size() > 0)
+    throw TierError("the SSD tier refuses writes (a test's fault)", false);
+  store_->write(batch);
 }
 
 size_t ShardTable::evict_to(Slots& s, uint64_t target) const {
@@ -59,7 +67,7 @@ size_t ShardTable::evict_to(Slots& s, uint64_t target) const {
       batch.put(*key_ptr(s, slot), row_ptr(s, slot), *state_ptr(s, slot), *step_ptr(s, slot));
   }
   try {
-    store_->write(batch);  // before the rows leave DRAM: no reader misses them
+    ssd_write(batch);  // before the rows leave DRAM: no reader misses them
   } catch (...) {
     for (uint32_t v : victims) *flags_ptr(s, v) &= ~kPinned;
     throw;
@@ -102,7 +110,7 @@ size_t ShardTable::drop_rows(const std::vector<int64_t>& keys) {
         ++ssd_only;
       }
     }
-    if (store_) store_->write(*batch);
+    if (store_) ssd_write(*batch);
     for (uint32_t slot : in_dram) release(st.s, slot);
     st.s.copies -= copies;
     st.s.ssd_keys -= std::min<uint64_t>(st.s.ssd_keys, copies + ssd_only);
@@ -150,8 +158,8 @@ void ShardTable::unpin(const std::vector<uint32_t>& starts, const std::vector<ui
   }
 }
 
-void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n, float lr,
-                              OptimizerKind opt, StepCtx* ctx) {
+std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
+                                                  float lr, OptimizerKind opt, StepCtx* ctx) {
   std::vector<uint32_t> order, starts;
   group_by_stripe(keys, n, order, starts);
   if (tiers_.memory_rows > 0 && !store_) check_budget(keys, n, order, starts, ctx);
@@ -168,6 +176,8 @@ void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
   std::vector<char> values;
   std::vector<uint8_t> found;
   const uint8_t pin = store_ ? kPinned : 0;
+  std::unique_ptr<TierStore::Batch> ahead;  // rows written to SSD before the update
+  std::vector<uint8_t> ahead_stripe(stripes_.size(), 0);
   try {
     for (size_t s = 0; s < stripes_.size(); ++s) {
       if (starts[s] == starts[s + 1]) continue;
@@ -183,25 +193,45 @@ void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
         slots[j] = it->second;
         *flags_ptr(st.s, it->second) |= pin;
       }
-      if (missing.empty()) continue;
-      const size_t vb = ssd_get_missing(st.s, keys, order.data(), missing, mkeys, values, found);
-      const bool ssd = vb > 0;
-      for (size_t q = 0; q < missing.size(); ++q) {
-        const uint32_t j = missing[q];
-        const int64_t key = keys[order[j]];
-        if (ssd && found[q]) {
-          slots[j] = promote(st.s, key, &values[q * vb]);
-          rows_read_ssd_.fetch_add(1, std::memory_order_relaxed);
-        } else if (ctx == nullptr || rules_.admits(key)) {
-          slots[j] = insert_first_touch(st.s, key);
-          fresh[j] = 1;
-        } else {
-          continue;  // not admitted: no row
+      if (!missing.empty()) {
+        const size_t vb = ssd_get_missing(st.s, keys, order.data(), missing, mkeys, values, found);
+        const bool ssd = vb > 0;
+        for (size_t q = 0; q < missing.size(); ++q) {
+          const uint32_t j = missing[q];
+          const int64_t key = keys[order[j]];
+          if (ssd && found[q]) {
+            slots[j] = promote(st.s, key, &values[q * vb]);
+            rows_read_ssd_.fetch_add(1, std::memory_order_relaxed);
+          } else if (ctx == nullptr || rules_.admits(key)) {
+            slots[j] = insert_first_touch(st.s, key);
+            fresh[j] = 1;
+          } else {
+            continue;  // not admitted: no row
+          }
+          *flags_ptr(st.s, slots[j]) |= pin;
         }
-        *flags_ptr(st.s, slots[j]) |= pin;
       }
       if (store_ && st.s.index.size() > st.cap) evict_to(st.s, st.cap);
+      // More of this update's rows than the stripe's share: after the update some must leave
+      // DRAM, dirty.  Their new values go to SSD now, in one batch with every such stripe's,
+      // so that a failing SSD fails the update whole; afterwards they are clean copies and
+      // the eviction writes nothing.
+      if (store_ && st.s.index.size() > st.cap) {
+        if (!ahead) ahead = std::make_unique<TierStore::Batch>(*store_);
+        ahead_stripe[s] = 1;
+        std::vector<float> row(dim_);
+        for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+          if (slots[j] == kNoSlot) continue;
+          const uint32_t i = order[j];
+          std::memcpy(row.data(), row_ptr(st.s, slots[j]), row.size() * sizeof(float));
+          float state = *state_ptr(st.s, slots[j]);
+          apply_row(opt, lr, grads + static_cast<size_t>(i) * dim_, row.data(), &state, dim_);
+          ahead->put(keys[i], row.data(), state,
+                     ctx != nullptr ? ctx->step : *step_ptr(st.s, slots[j]));
+        }
+      }
     }
+    if (ahead) ssd_write(*ahead);  // all or nothing: before any row changes
   } catch (...) {
     // Moves keep values; this update's first-touch rows go again (serial updates only: a
     // concurrent one may use them), and the pins go.
@@ -209,6 +239,7 @@ void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
     throw;
   }
   // Pass 2 (cannot throw): update.
+  std::optional<TierError> after;
   for (size_t s = 0; s < stripes_.size(); ++s) {
     if (starts[s] == starts[s + 1]) continue;
     Stripe& st = stripes_[s];
@@ -223,7 +254,15 @@ void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
                 state_ptr(st.s, slot), dim_);
       if (store_) {
         uint8_t& f = *flags_ptr(st.s, slot);
-        f = static_cast<uint8_t>((f | kDirty | kRef) & ~kPinned);
+        if (ahead_stripe[s]) {  // its SSD copy holds the new value already
+          if (!(f & kOnSsd)) {
+            ++st.s.ssd_keys;
+            ++st.s.copies;
+          }
+          f = static_cast<uint8_t>((f | kOnSsd | kRef) & ~(kPinned | kDirty));
+        } else {
+          f = static_cast<uint8_t>((f | kDirty | kRef) & ~kPinned);
+        }
       }
       if (ctx != nullptr) {
         int64_t& step = *step_ptr(st.s, slot);
@@ -232,14 +271,18 @@ void ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
         ctx->created += fresh[j];
       }
     }
-    // Back under the stripe's share; a failing SSD leaves the rows in DRAM for the next try.
+    // Back under the stripe's share (rows written ahead leave without a write).  The update
+    // is applied: a failing SSD no longer undoes it, but it is reported (the caller fails),
+    // never swallowed.
     if (store_ && st.s.index.size() > st.cap) {
       try {
         evict_to(st.s, st.cap);
-      } catch (const TierError&) {
+      } catch (const TierError& e) {
+        if (!after) after.emplace(e);
       }
     }
   }
+  return after;
 }
 
 ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float* grads, size_t n,
@@ -248,7 +291,7 @@ ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float*
   StepCtx ctx;
   ctx.step = step;
   rules_.reserve(n);
-  apply_locked(keys, grads, n, lr, opt, &ctx);
+  const std::optional<TierError> after = apply_locked(keys, grads, n, lr, opt, &ctx);
   for (const auto& [key, old] : ctx.updated) rules_.row_updated(key, old, step);
   for (int64_t key : ctx.waiting) rules_.key_waiting(key, step);
   uint64_t counts_dropped = 0;
@@ -258,8 +301,21 @@ ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float*
   r.admitted = ctx.created;
   rows_admitted_ += ctx.created;
   pending_counts_.store(rules_.pending());
+  if (after)
+    throw AppliedThenFailed(
+        absl::StrCat("the SSD tier failed evicting the step's rows (the DRAM tier is over its "
+                     "budget): ",
+                     after->what()),
+        after->no_space());
   if (!drop.empty()) {
-    r.expired = drop_rows(drop);
+    try {
+      r.expired = drop_rows(drop);
+    } catch (const TierError& e) {
+      throw AppliedThenFailed(
+          absl::StrCat("the SSD tier failed dropping its expired rows (part of them remain): ",
+                       e.what()),
+          e.no_space());
+    }
     rows_expired_ += r.expired;
   }
   return r;

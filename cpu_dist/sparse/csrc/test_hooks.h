@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -18,13 +19,15 @@ namespace cpu_dist::ps {
 enum class TestPoint : size_t {
   kPullBetweenStripes,  // a pull's gather, after its first stripe, no lock held
   kSaveFrozen,          // a Save, with the table frozen (updates wait), before it writes
+  kDecodeReserved,      // a compressed request, its decoded bytes reserved, before decoding
 };
-inline constexpr size_t kNumTestPoints = 2;
+inline constexpr size_t kNumTestPoints = 3;
 
-// The point a test names ("pull_between_stripes", "save_frozen"), if any.
+// The point a test names ("pull_between_stripes", "save_frozen", "decode_reserved"), if any.
 inline std::optional<TestPoint> test_point_of(const std::string& name) {
   if (name == "pull_between_stripes") return TestPoint::kPullBetweenStripes;
   if (name == "save_frozen") return TestPoint::kSaveFrozen;
+  if (name == "decode_reserved") return TestPoint::kDecodeReserved;
   return std::nullopt;
 }
 
@@ -56,6 +59,10 @@ class TestHooks {
     }
     cv_.notify_all();
   }
+  // Test-only fault: every write of something to the SSD tier fails (TierError) while set.
+  void fail_ssd_writes(bool on) { ssd_writes_fail_.store(on); }
+  bool ssd_writes_fail() const { return ssd_writes_fail_.load(); }
+
   // Called at the point itself.
   void reach(TestPoint p) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -78,6 +85,7 @@ class TestHooks {
   std::mutex mu_;
   std::condition_variable cv_;
   std::array<State, kNumTestPoints> states_{};
+  std::atomic<bool> ssd_writes_fail_{false};
 };
 
 }  // namespace cpu_dist::ps

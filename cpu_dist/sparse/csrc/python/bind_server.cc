@@ -20,6 +20,7 @@ struct ServerLimits {
   double session_idle_timeout_s;
   uint32_t max_sessions;
   uint64_t max_held_bytes;
+  uint64_t max_pending_bytes;
   uint64_t max_memory_bytes;
   uint32_t max_concurrent_streams;
 };
@@ -37,7 +38,8 @@ struct TableKeywords {
 std::pair<ps::TestHooks*, ps::TestPoint> hook_at(PsServer& s, const std::string& point) {
   const std::optional<ps::TestPoint> p = ps::test_point_of(point);
   if (!p)
-    throw py::value_error("unknown test point '" + point + "' (pull_between_stripes, save_frozen)");
+    throw py::value_error("unknown test point '" + point +
+                          "' (pull_between_stripes, save_frozen, decode_reserved)");
   ps::TestHooks* hooks = s.test_hooks();
   if (hooks == nullptr) throw std::runtime_error("this server was not made with test_hooks=True");
   return {hooks, *p};
@@ -72,6 +74,7 @@ ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std:
   o.session_idle_timeout_s = lim.session_idle_timeout_s;
   o.max_sessions = lim.max_sessions;
   o.max_held_bytes = lim.max_held_bytes;
+  o.max_pending_bytes = lim.max_pending_bytes;
   o.max_memory_bytes = lim.max_memory_bytes;
   o.max_concurrent_streams = lim.max_concurrent_streams;
   o.memory_rows = tk.memory_rows;
@@ -88,15 +91,15 @@ ServerHolder make_server_py(uint32_t dim, std::string token, float init_scale, s
                             uint32_t num_shards, int64_t max_message_bytes,
                             uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
                             double session_idle_timeout_s, uint32_t max_sessions,
-                            uint64_t max_held_bytes, uint64_t max_memory_bytes,
-                            uint32_t max_concurrent_streams, uint64_t memory_rows,
-                            std::string ssd_dir, uint32_t admit_after, uint32_t expire_after,
-                            bool test_hooks) {
+                            uint64_t max_held_bytes, uint64_t max_pending_bytes,
+                            uint64_t max_memory_bytes, uint32_t max_concurrent_streams,
+                            uint64_t memory_rows, std::string ssd_dir, uint32_t admit_after,
+                            uint32_t expire_after, bool test_hooks) {
   return make_server(
       dim, std::move(token), init_scale, std::move(host), port, std::move(table), seed, shard_index,
       num_shards, max_message_bytes, max_blocks_per_stripe, std::move(checkpoint_dir),
-      ServerLimits{session_idle_timeout_s, max_sessions, max_held_bytes, max_memory_bytes,
-                   max_concurrent_streams},
+      ServerLimits{session_idle_timeout_s, max_sessions, max_held_bytes, max_pending_bytes,
+                   max_memory_bytes, max_concurrent_streams},
       TableKeywords{memory_rows, std::move(ssd_dir), admit_after, expire_after}, test_hooks);
 }
 
@@ -115,6 +118,7 @@ void bind_server(py::module_& m) {
            py::arg("checkpoint_dir") = d.checkpoint_dir,
            py::arg("session_idle_timeout_s") = d.session_idle_timeout_s,
            py::arg("max_sessions") = d.max_sessions, py::arg("max_held_bytes") = d.max_held_bytes,
+           py::arg("max_pending_bytes") = d.max_pending_bytes,
            py::arg("max_memory_bytes") = d.max_memory_bytes,
            py::arg("max_concurrent_streams") = d.max_concurrent_streams,
            py::arg("memory_rows") = d.memory_rows, py::arg("ssd_dir") = d.ssd_dir,
@@ -146,6 +150,15 @@ void bind_server(py::module_& m) {
             hooks->release(p);
           },
           py::arg("point"), "Test-only: the thread held at `point` goes on.")
+      .def(
+          "test_fail_ssd_writes",
+          [](PsServer& s, bool on) {
+            ps::TestHooks* hooks = s.test_hooks();
+            if (hooks == nullptr)
+              throw std::runtime_error("this server was not made with test_hooks=True");
+            hooks->fail_ssd_writes(on);
+          },
+          py::arg("on"), "Test-only: while on, every write to the SSD tier fails.")
       .def_property_readonly("port", &PsServer::port)
       .def_property_readonly("address", &PsServer::address)
       .def_property_readonly("dim", [](const PsServer& s) { return s.options().dim; })

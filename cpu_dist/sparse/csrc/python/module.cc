@@ -12,6 +12,28 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// An argument updated in place: a writeable C-contiguous float32 numpy array, else TypeError
+// naming it (never a converted copy that the update would change instead).
+py::array in_place_float32(const py::object& obj, const char* name) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(std::string("apply_rows: ") + name +
+                         " must be a numpy float32 array (it is updated in place)");
+  py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().is(py::dtype::of<float>()))
+    throw py::type_error(std::string("apply_rows: ") + name + " must be float32, got " +
+                         std::string(py::str(a.dtype())) + " (it is updated in place)");
+  if (!(a.flags() & py::array::c_style))
+    throw py::type_error(std::string("apply_rows: ") + name +
+                         " must be C-contiguous (it is updated in place; a strided view would "
+                         "update a copy): pass np.ascontiguousarray(...) and use the result");
+  if (!a.writeable()) throw py::type_error(std::string("apply_rows: ") + name + " is read-only");
+  return a;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_ps, m) {
   m.doc() = "C++ parameter server (gRPC) and its client";
   m.attr("NUM_PARTITIONS") = cpu_dist::kNumPartitions;
@@ -39,23 +61,26 @@ PYBIND11_MODULE(_ps, m) {
       "First-touch rows as the parameter server creates them (see hashing.h).");
   m.def(
       "apply_rows",
-      [](py::array_t<float, py::array::c_style> rows,
+      [](const py::object& rows_obj,
          py::array_t<float, py::array::c_style | py::array::forcecast> sums, double lr,
-         const std::string& optimizer, double divisor,
-         std::optional<py::array_t<float, py::array::c_style>> states) {
+         const std::string& optimizer, double divisor, const py::object& states_obj) {
         const auto kind = cpu_dist::ps::optimizer_from_name(optimizer);
         if (!kind) throw py::value_error("optimizer must be 'sgd' or 'rowwise_adagrad'");
+        // Updated in place: a copy (another dtype, a strided view) would be updated and lost.
+        py::array rows = in_place_float32(rows_obj, "rows");
         if (rows.ndim() != 2 || sums.ndim() != 2 || rows.shape(0) != sums.shape(0) ||
             rows.shape(1) != sums.shape(1))
           throw py::value_error("apply_rows: rows and sums must be float32 [n, dim] alike");
         const auto n = rows.shape(0);
         float* st = nullptr;
-        if (states) {
+        std::optional<py::array> states;
+        if (!states_obj.is_none()) {
+          states = in_place_float32(states_obj, "states");
           if (states->ndim() != 1 || states->shape(0) != n)
             throw py::value_error("apply_rows: states must be float32 [n]");
-          st = states->mutable_data();
+          st = static_cast<float*>(states->mutable_data());
         }
-        float* r = rows.mutable_data();
+        float* r = static_cast<float*>(rows.mutable_data());
         const float* g = sums.data();
         py::gil_scoped_release release;
         cpu_dist::ps::apply_summed_rows(*kind, static_cast<float>(lr), static_cast<float>(divisor),
