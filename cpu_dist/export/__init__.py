@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,9 +23,11 @@ from cpu_dist.checkpoint.manifest import (
     find_latest,
     read_manifest,
 )
+from cpu_dist.common.config import DataConfig
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.serving.bundle import (
     BundleWriter,
+    DataSpec,
     ModelSpec,
     check_bundle_output,
     spec_from_dense_state,
@@ -41,6 +44,7 @@ def export_from_client(
     step: int,
     out: Path,
     flag: str = "--export",
+    data: DataSpec | None = None,
 ) -> int:
     """Every row the client's shards hold, and ``dense``, as a bundle in ``out``; the rows.
     ``out`` changes only at the end, from nothing or an earlier bundle to the new bundle."""
@@ -49,11 +53,23 @@ def export_from_client(
     try:
         for keys, values, _state in client.dump_pages(max_bytes=PAGE_BYTES):
             writer.add(keys, values)
-        writer.finish(spec, dense, step)
+        writer.finish(spec, dense, step, data)
     except BaseException:
         writer.abort()
         raise
     return total
+
+
+def data_spec(settings: dict[str, Any]) -> DataSpec:
+    """The data settings of a job's ``Config.settings()`` (a checkpoint records them all)."""
+    sizes = settings.get("data.num_embeddings_per_feature")
+    return DataSpec(
+        kind=str(settings["data.kind"]),
+        max_ind_range=settings.get("data.max_ind_range"),
+        num_embeddings_per_feature=None if sizes is None else tuple(int(n) for n in sizes),
+        zipf_exponent=float(settings.get("data.zipf_exponent", DataConfig.zipf_exponent)),
+        batch_size=int(settings["train.batch_size"]),
+    )
 
 
 def _checkpoint(path: Path) -> Manifest:
@@ -84,6 +100,7 @@ def export_checkpoint(path: Path, out: Path, timeout_s: float = 3600.0) -> int:
         init_scale=float(settings["model.init_scale"]),
         table=m.table,
     )
+    data = data_spec(settings)
     token = secrets.token_hex(16)
     server = Server(
         m.dim,
@@ -102,7 +119,7 @@ def export_checkpoint(path: Path, out: Path, timeout_s: float = 3600.0) -> int:
             [e.crc32 for e in m.shards],
             timeout_s=timeout_s,
         )
-        rows = export_from_client(client, dense, spec, m.step, out, "--output")
+        rows = export_from_client(client, dense, spec, m.step, out, "--output", data)
         client.close()
     finally:
         server.stop(10.0)

@@ -3,8 +3,10 @@ a parameter server or the native module.
 
     DIR/manifest.json   written last: format, version, the model settings (dims, MLP widths,
                         dtype, numbers of dense and sparse features), seed and init scale (so a
-                        key the table never held scores with its first-touch row), the step,
-                        row count, and every file's size and crc32
+                        key the table never held scores with its first-touch row), the data
+                        settings that made its keys (kind, --max-ind-range,
+                        --num-embeddings-per-feature, --zipf-exponent) and the job's batch
+                        size, the step, row count, and every file's size and crc32
     DIR/dense.pt        the dense parameters, a torch state dict (``bot.*``, ``top.*``)
     DIR/keys.npy        int64 [n], sorted ascending, memory-mappable
     DIR/rows.npy        float32 [n, dim], row i belongs to keys[i]
@@ -35,7 +37,9 @@ from cpu_dist.common.files import (
     temp_sibling,
 )
 
-FORMAT, VERSION = EXPORT_FORMAT, 1
+# Version 2 adds "data"; version 1 bundles (no data settings) are still read.
+FORMAT, VERSION = EXPORT_FORMAT, 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST, DENSE, KEYS, ROWS = "manifest.json", "dense.pt", "keys.npy", "rows.npy"
 
 
@@ -56,6 +60,23 @@ class ModelSpec:
     seed: int
     init_scale: float
     table: str
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The data settings that made the bundle's keys, and the job's global batch size (what
+    its evaluation batches were cut by); serving applies them and refuses other kinds."""
+
+    kind: str  # --data: "synthetic", or a Criteo file ("criteo" TSV, "criteo-bin" converted)
+    max_ind_range: int | None
+    num_embeddings_per_feature: tuple[int, ...] | None
+    zipf_exponent: float
+    batch_size: int
+
+    @property
+    def family(self) -> str:
+        """A TSV file and its conversion give the same batches: one kind of data."""
+        return "synthetic" if self.kind == "synthetic" else "criteo"
 
 
 def spec_from_dense_state(state: dict[str, torch.Tensor], **settings: Any) -> ModelSpec:
@@ -118,7 +139,13 @@ class BundleWriter:
         self._scratch[self.filled : self.filled + n] = values
         self.filled += n
 
-    def finish(self, spec: ModelSpec, dense: dict[str, torch.Tensor], step: int) -> None:
+    def finish(
+        self,
+        spec: ModelSpec,
+        dense: dict[str, torch.Tensor],
+        step: int,
+        data: DataSpec | None = None,
+    ) -> None:
         if self.filled != self.total:
             raise BundleError(f"{self.filled} rows written, {self.total} announced")
         order = np.argsort(self._keys, kind="stable")
@@ -148,6 +175,7 @@ class BundleWriter:
             "step": step,
             "rows": self.total,
             "model": {**dataclasses.asdict(spec)},
+            "data": None if data is None else dataclasses.asdict(data),
             "files": files,
         }
         text = json.dumps(manifest, indent=1, sort_keys=True)
@@ -162,6 +190,7 @@ class BundleWriter:
 class Bundle:
     path: Path
     spec: ModelSpec
+    data: DataSpec | None  # None: a version 1 bundle, which did not record it
     step: int
     dense: dict[str, torch.Tensor]
     keys: np.ndarray  # memory-mapped
@@ -178,8 +207,12 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
         raise BundleError(f"bundle {path}: no {MANIFEST} (not an export, or unfinished)") from None
     except (OSError, ValueError) as exc:
         raise BundleError(f"bundle {path / MANIFEST}: unreadable ({exc})") from None
-    if m.get("format") != FORMAT or m.get("version") != VERSION:
-        raise BundleError(f"bundle {path / MANIFEST}: not a {FORMAT} version {VERSION} manifest")
+    if m.get("format") != FORMAT or m.get("version") not in READABLE_VERSIONS:
+        raise BundleError(
+            f"bundle {path / MANIFEST}: not a {FORMAT} manifest of version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))} (format {m.get('format')!r}, version "
+            f"{m.get('version')!r})"
+        )
     for name, entry in m["files"].items():
         if check:
             size, crc = file_crc32(path / name)
@@ -201,4 +234,11 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
             f"bundle {path}: arrays of shapes {keys.shape}, {rows.shape} for "
             f"{m['rows']} rows of dim {spec.dim}"
         )
-    return Bundle(path, spec, int(m["step"]), dense, keys, rows)
+    d = m.get("data")
+    data = None
+    if d is not None:
+        sizes = d.get("num_embeddings_per_feature")
+        data = DataSpec(
+            **{**d, "num_embeddings_per_feature": None if sizes is None else tuple(sizes)}
+        )
+    return Bundle(path, spec, data, int(m["step"]), dense, keys, rows)

@@ -64,9 +64,11 @@ def test_serving_scores_what_the_job_scored_at_any_batch_size(jobs):
     final = [x for x in out["1"][1] if "eval_auc" in x][-1]
     serve = [sys.executable, "-m", "cpu_dist.serving", str(tmp / "bundle"), "--data", "criteo"]
     serve += ["--data-path", str(tsv), "--max-ind-range", "5000"]
-    for batch in ("96", "37"):
+    # the bundle knows its data settings: --data-path alone is enough
+    bare = [sys.executable, "-m", "cpu_dist.serving", str(tmp / "bundle"), "--data-path", str(tsv)]
+    for argv in ([*serve, "--batch-size", "96"], [*serve, "--batch-size", "37"], bare):
         proc = subprocess.run(
-            [*serve, "--batch-size", batch],
+            argv,
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -88,3 +90,24 @@ def test_the_logged_loss_is_the_mean_over_its_interval(jobs):
         window = [every[s] for s in range(step - 2, step + 1)]
         assert loss == pytest.approx(sum(window) / 3, rel=1e-9)
         assert loss != pytest.approx(every[step], rel=1e-9)  # not the last batch's
+
+
+def _serve(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cpu_dist.serving", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_serving_refuses_data_of_another_kind_or_hashing(jobs):
+    tmp, tsv, _ = jobs
+    bundle = str(tmp / "bundle")
+    proc = _serve(bundle, "--data", "synthetic")
+    assert proc.returncode == 2
+    assert "was trained on Criteo data" in proc.stderr and "--data synthetic" in proc.stderr
+    proc = _serve(bundle, "--data-path", str(tsv), "--max-ind-range", "100")
+    assert proc.returncode == 2
+    assert "its keys were made with --max-ind-range 5000; --max-ind-range 100" in proc.stderr

@@ -62,6 +62,16 @@ def test_the_bundle_scores_what_the_job_scored(job):
     assert got["eval_logloss"] == pytest.approx(final["eval_logloss"], abs=1e-4)
 
 
+def test_the_bundle_applies_the_jobs_data_settings(job):
+    _, bundle, _, final = job
+    proc = run_module("cpu_dist.serving", str(bundle), "--eval-batches", "3")  # batch 96: its
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-4)
+    proc = run_module("cpu_dist.serving", str(bundle), "--data", "criteo", "--data-path", "x")
+    assert proc.returncode == 2 and "was trained on synthetic data" in proc.stderr
+
+
 def test_the_checkpoint_exports_the_same_bundle(job):
     tmp, bundle, ckpt, _ = job
     again = tmp / "from-checkpoint"
@@ -69,6 +79,8 @@ def test_the_checkpoint_exports_the_same_bundle(job):
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = open_bundle(bundle), open_bundle(again)
     assert a.spec == b.spec and a.step == b.step == 19
+    assert a.data == b.data and a.data is not None
+    assert (a.data.kind, a.data.batch_size, a.data.max_ind_range) == ("synthetic", 96, None)
     np.testing.assert_array_equal(a.keys, b.keys)
     np.testing.assert_array_equal(a.rows, b.rows)
     assert len(a.keys) > 100 and np.all(np.diff(a.keys) > 0)
