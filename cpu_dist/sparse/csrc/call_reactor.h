@@ -7,6 +7,7 @@
 // request message before the handler runs.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -44,9 +45,10 @@ class BlockingWorker {
   std::vector<std::thread> threads_;
 };
 
-// Threads for the calls that may block (not Save and Load): enough that a few calls waiting
-// on a frozen table leave others (a close, a long poll's start) served.
-inline constexpr size_t kUpdateThreads = 4;
+// Threads for the calls that may block (not Save and Load): one per core, so that decoding
+// and checking chunks uses the cores gRPC's threads did, and at least four, so that a few
+// calls waiting on a frozen table leave others (a close, a long poll's start) served.
+inline size_t update_threads() { return std::max<size_t>(4, std::thread::hardware_concurrency()); }
 
 class PsCallService final : public grpc::CallbackGenericService {
  public:
@@ -59,8 +61,8 @@ class PsCallService final : public grpc::CallbackGenericService {
   BlockingWorker* worker_for(Method m);
 
   PsService& service_;
-  BlockingWorker updates_{kUpdateThreads};  // before worker_: Save/Load never wait on it
-  BlockingWorker worker_;                   // Save and Load, in order
+  BlockingWorker updates_{update_threads()};  // before worker_: Save/Load never wait on it
+  BlockingWorker worker_;                     // Save and Load, in order
 };
 
 }  // namespace cpu_dist::ps
