@@ -31,7 +31,8 @@ fi
 source scripts/env.sh
 PY="$ROOT/.venv/bin/python"
 if [ -n "${CPU_DIST_TEST_LOGS:-}" ]; then  # the caller's folder: remove only what a run writes
-  LOGS="$CPU_DIST_TEST_LOGS"; mkdir -p "$LOGS" || exit 1
+  LOGS="$CPU_DIST_TEST_LOGS"
+  mkdir -p "$LOGS" || { echo "0 passed, 1 failed, 0 skipped"; exit 1; }
   rm -f "$LOGS"/*.xml "$LOGS"/*.log "$LOGS/skipped.txt"
 else
   LOGS="$ROOT/logs"; rm -rf "$LOGS"; mkdir -p "$LOGS"
