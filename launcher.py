@@ -40,10 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     from cpu_dist.common.mpi_context import run_or_abort, split_roles
-    from cpu_dist.train.job import EXPECTED_ERRORS, run_job
+    from cpu_dist.train.job import is_expected_error, run_job
 
     roles = split_roles(cfg.job.worker_num, world)
-    return run_or_abort(lambda: run_job(cfg, roles), lambda: roles.name, EXPECTED_ERRORS)
+    return run_or_abort(lambda: run_job(cfg, roles), lambda: roles.name, is_expected_error)
 
 
 if __name__ == "__main__":

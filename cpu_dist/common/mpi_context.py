@@ -34,6 +34,7 @@ EXIT_BUG = 1  # anything else
 # requeued run resumes.  The one definition (scripts/slurm/train.sbatch repeats the number).
 EXIT_STOPPED = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_TAG = 7501  # a PS rank's stop request, sent to world rank 0 (worker 0)
 
 
 class JobError(RuntimeError):
@@ -121,10 +122,12 @@ class StopRequest:
     so there is one of these per process (``STOP``); ``install`` replaces the signals' default
     action (die at once) with a note that the training loop reads at its next step boundary,
     where the workers agree (``agreed``), write a checkpoint and end with ``EXIT_STOPPED``.
-    PS ranks install it too: they keep serving until worker 0 sends Shutdown."""
+    PS ranks install it too: they keep serving until worker 0 sends Shutdown, and ``relay``
+    a request of their own to worker 0, which ``agreed`` picks up (an ``Iprobe`` per step)."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self._relayed: MPI.Request | None = None
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
@@ -137,9 +140,24 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signal is not None
 
+    def relay(self, world: MPI.Intracomm) -> None:
+        """On a PS rank: passes a stop request on to world rank 0, once."""
+        if self.signal is not None and self._relayed is None:
+            self._relayed = world.Isend(np.array([self.signal], dtype=np.int32), 0, STOP_TAG)
+
+    def _relayed_to_me(self, world: MPI.Intracomm) -> None:
+        status = MPI.Status()
+        if world.Get_rank() == 0 and world.Iprobe(MPI.ANY_SOURCE, STOP_TAG, status):
+            buf = np.zeros(1, dtype=np.int32)
+            world.Recv(buf, status.Get_source(), STOP_TAG)
+            if self.signal is None:
+                self.signal = int(buf[0])
+
     def agreed(self, comm: MPI.Intracomm) -> bool:
         """Collective over ``comm`` (the workers, at the same step boundary): True when any
-        of them was asked to stop, so that all stop at the same step."""
+        of them, or a PS rank (relayed to worker 0), was asked to stop, so that all stop at
+        the same step."""
+        self._relayed_to_me(MPI.COMM_WORLD)
         flag = np.array([1 if self.requested else 0], dtype=np.int32)
         if comm.Get_size() > 1:
             comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
@@ -187,7 +205,7 @@ def wait_all(comm: MPI.Intracomm, timeout_s: float, what: str, poll_s: float = 0
 def run_or_abort(
     fn: Callable[[], T],
     describe: Callable[[], str],
-    expected: tuple[type[BaseException], ...] = (),
+    expected: Callable[[BaseException], bool] = lambda exc: False,
 ) -> T | int:
     """Run a rank's main.  A ``JobError`` (every rank has it) returns 2 with one message from
     world rank 0; an ``expected`` failure (unreachable shard, corrupt data, ...) prints one
@@ -205,18 +223,16 @@ def run_or_abort(
                 traceback.print_exc(file=sys.stderr)
             sys.stderr.flush()
         return EXIT_ERROR
-    except expected as exc:
-        sys.stderr.write(f"launcher.py: error: {describe()} failed: {type(exc).__name__}: {exc}\n")
-        if _traceback_wanted(expected=True):
-            traceback.print_exc(file=sys.stderr)
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(EXIT_ERROR)
-        raise
     except BaseException as exc:
-        who = describe()
-        sys.stderr.write(f"cpu_dist: {who} failed: {type(exc).__name__}: {exc}\n")
-        if _traceback_wanted(expected=False):
+        known = expected(exc)
+        who, what = describe(), f"{type(exc).__name__}: {exc}"
+        sys.stderr.write(
+            f"launcher.py: error: {who} failed: {what}\n"
+            if known
+            else f"cpu_dist: {who} failed: {what}\n"
+        )
+        if _traceback_wanted(expected=known):
             traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(EXIT_BUG)
+        MPI.COMM_WORLD.Abort(EXIT_ERROR if known else EXIT_BUG)
         raise

@@ -41,6 +41,15 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def is_expected_error(exc: BaseException) -> bool:
+    """``EXPECTED_ERRORS``, and torch's CPU allocator refusing memory: it raises a plain
+    RuntimeError ("DefaultCPUAllocator: can't allocate memory: you tried to allocate N
+    bytes"), not MemoryError."""
+    if isinstance(exc, EXPECTED_ERRORS):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
 def _name_shard_rank(exc: PSError, roles: Roles, external: bool) -> PSError:
     """The same error, its message prefixed with the world rank of the shard it names (a PS
     rank of this job), so that a lost PS rank is named the way mpirun names ranks.  The

@@ -7,7 +7,7 @@ from typing import Any
 
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
-from cpu_dist.common.mpi_context import Roles, exchange_ps_addresses
+from cpu_dist.common.mpi_context import STOP, Roles, exchange_ps_addresses
 from cpu_dist.sparse import Server
 
 WILDCARDS = ("0.0.0.0", "::", "[::]", "")
@@ -60,5 +60,6 @@ def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
     assert server is not None  # exchange_ps_addresses raised otherwise
     # Serve until worker 0 sends Shutdown once every worker is done; the server drains
     # in-flight calls first.  The wait sleeps in C++ with the GIL released: no spinning core.
+    # A stop request this rank got (SIGTERM, SIGUSR1) goes to worker 0, which stops the job.
     while not server.wait(1.0):
-        pass
+        STOP.relay(roles.world)

@@ -46,6 +46,8 @@ def stop_job(tmp_path: Path, d: Path, how: str) -> tuple[int, str]:
         if how == "ranks":  # what Slurm's scancel and preemption do: every task gets it
             for pid in job.rank_pids().values():
                 os.kill(pid, signal.SIGTERM)
+        elif how == "ps":  # the PS rank alone: it passes the request on to worker 0
+            os.kill(job.rank_pids()[2], signal.SIGTERM)
         else:  # mpirun forwards SIGUSR1 to every rank
             os.kill(job.proc.pid, signal.SIGUSR1)
         rc, _out, err = job.finish(timeout=120)
@@ -72,9 +74,10 @@ def test_sigterm_to_the_ranks_checkpoints_stops_and_resumes_to_the_same_bits(tmp
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
-def test_sigusr1_to_mpirun_stops_the_job_the_same_way(tmp_path):
+@pytest.mark.parametrize("how", ["mpirun", "ps"])
+def test_sigusr1_to_mpirun_or_sigterm_to_a_ps_rank_stops_the_job_the_same_way(tmp_path, how):
     d = tmp_path / "ck"
-    rc, err = stop_job(tmp_path, d, "mpirun")
+    rc, err = stop_job(tmp_path, d, how)
     assert rc == EXIT_STOPPED, err[-3000:]
     assert len(checkpoints(d)) == 1
 
@@ -114,3 +117,27 @@ def test_a_resume_may_change_the_learning_rates_and_says_so(tmp_path):
     # both learning rates took effect: dense parameters and sparse rows differ
     moved = [k for k in same if not np.array_equal(same[k], lower[k])]
     assert any(k.startswith("dense/") for k in moved) and "sparse_values" in moved, moved
+
+
+def test_sigterm_to_mpirun_checkpoints_within_the_grace_env_sh_sets(tmp_path, monkeypatch):
+    """OpenMPI's own kill sequence after SIGTERM to mpirun: the ranks get SIGTERM after the
+    grace and have the grace again to checkpoint; mpirun itself exits 1 (README)."""
+    from cpu_dist.common.launch_env import mpi_env
+
+    env = mpi_env({**os.environ, "CPU_DIST_STOP_GRACE_S": "6"})
+    assert env["OMPI_MCA_odls_base_sigkill_timeout"] == "6"
+    monkeypatch.setenv("OMPI_MCA_odls_base_sigkill_timeout", "6")
+    d = tmp_path / "ck"
+    job = Job(
+        3,
+        ["--worker-num", "2", *SMALL, "--max_step", "100000", *ckpt(d)],
+        tmp_path / "m.jsonl",
+    )
+    try:
+        job.wait_for_steps(4, timeout=180)
+        os.kill(job.proc.pid, signal.SIGTERM)
+        rc, _out, err = job.finish(timeout=120)
+    finally:
+        job.kill_all()
+    assert rc != 0 and "stopped on request" in err, err[-3000:]
+    assert len(checkpoints(d)) == 1, err[-3000:]

@@ -145,3 +145,21 @@ def test_the_traceback_comes_with_the_switch(token):
         del os.environ["CPU_DIST_TRACEBACK"]
     assert proc.returncode == 2 and len(error_lines(proc)) == 1, proc.stderr[-3000:]
     assert "Traceback" in proc.stderr
+
+
+def test_an_allocation_far_beyond_memory_is_one_line(tmp_path):
+    # a cache of 10^11 units of 64 rows: torch's allocator refuses the 2 * 10^14 bytes
+    proc = mpirun(
+        2,
+        [
+            "--worker-num",
+            "1",
+            *SMALL,
+            "--read-mode",
+            "bagpipe",
+            "--optimization-cache-capacity",
+            "100000000000",
+        ],
+        timeout=120,
+    )
+    assert_one_line(proc, "can't allocate memory")
