@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from cpu_dist.common.config import (
     CacheConfig,
@@ -419,11 +419,18 @@ def launch_rank(environ: Mapping[str, str] | None = None) -> int:
 
 class _FirstRankParser(argparse.ArgumentParser):
     """Every rank parses the same argv and reaches the same verdict; only rank 0 prints it
-    (usage, an unknown flag, --help), so a bad flag is reported once, not by every rank."""
+    (usage, an unknown flag, --help), so a bad flag is reported once, not by every rank.
+
+    The other ranks leave with status 0: MPI is not initialised yet, and mpirun kills the
+    remaining ranks as soon as one exits non-zero, which could be before rank 0 has printed
+    the message.  The job's status is rank 0's (2)."""
 
     def _print_message(self, message: str, file: Any = None) -> None:
         if launch_rank() == 0:
             super()._print_message(message, file)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        super().exit(status if launch_rank() == 0 else 0, message)
 
 
 def given_flags(argv: Sequence[str] | None) -> frozenset[str]:

@@ -188,7 +188,7 @@ class Worker:
         t = self.cfg.train
         named = list(self.model.dense_named_parameters())
         bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
-        head = f"step {step} on worker {self.rank}: the loss is {loss}"
+        head = f"step {step} on worker {self.rank}: the loss is not finite ({loss})"
         rows_ok, inputs_ok = bool(torch.isfinite(rows).all()), bool(torch.isfinite(inputs).all())
         if bad:
             shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
