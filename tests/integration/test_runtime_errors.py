@@ -163,3 +163,12 @@ def test_an_allocation_far_beyond_memory_is_one_line(tmp_path):
         timeout=120,
     )
     assert_one_line(proc, "can't allocate memory")
+
+
+def test_a_shard_that_cannot_start_is_one_line_naming_its_rank():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        proc = mpirun(2, ["--worker-num", "1", *SMALL, "--ps_list", address], timeout=120)
+    assert_one_line(proc, "PS shard failed to start", "rank 1", address)
