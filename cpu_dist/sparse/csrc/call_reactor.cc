@@ -38,8 +38,10 @@ class Refusal final : public Reactor {
 // else on a BlockingWorker), write the reply.
 class UnaryCall final : public Reactor {
  public:
-  UnaryCall(PsService& service, Method method, BlockingWorker* worker)
-      : service_(service), method_(method), worker_(worker) {
+  // `worker`: where the method runs (null: here); `retry`: where it runs again when it
+  // could not finish here without waiting (Push, Commit).
+  UnaryCall(PsService& service, Method method, BlockingWorker* worker, BlockingWorker* retry)
+      : service_(service), method_(method), worker_(worker), retry_(retry) {
     StartRead(&req_);
   }
   void OnReadDone(bool ok) override {
@@ -49,6 +51,15 @@ class UnaryCall final : public Reactor {
     }
     if (worker_ != nullptr) {
       worker_->post([this] { finish(service_.run(method_, req_, &resp_)); });
+    } else if (retry_ != nullptr) {
+      // First here without waiting on any lock; where it would have to, on the worker.
+      bool deferred = false;
+      Status st = service_.run(method_, req_, &resp_, &deferred);
+      if (deferred) {
+        retry_->post([this] { finish(service_.run(method_, req_, &resp_)); });
+      } else {
+        finish(std::move(st));
+      }
     } else {
       finish(service_.run(method_, req_, &resp_));
     }
@@ -68,6 +79,7 @@ class UnaryCall final : public Reactor {
   PsService& service_;
   const Method method_;
   BlockingWorker* const worker_;
+  BlockingWorker* const retry_;
   grpc::ByteBuffer req_, resp_;
 };
 
@@ -167,17 +179,19 @@ Reactor* PsCallService::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
     return new Refusal(std::move(st));
   }
   if (*method == Method::kWaitCommitted) return new WaitCall(service_, *ctx, updates_);
-  return new UnaryCall(service_, *method, worker_for(*method));
+  const bool tries_here = *method == Method::kPush || *method == Method::kCommit;
+  return new UnaryCall(service_, *method, worker_for(*method), tries_here ? &updates_ : nullptr);
 }
 
 BlockingWorker* PsCallService::worker_for(Method m) {
   switch (m) {
     case Method::kSave:
     case Method::kLoad: return &worker_;
-    // The update lock (exclusive while a Save freezes the table or a step applies), a
-    // session's mutex (held while its step applies), or a whole pass over the index.
+    // Tried here without waiting on any lock first (UnaryCall), on the worker where they
+    // would have to: the update lock, a session's mutex.
     case Method::kPush:
-    case Method::kCommit:
+    case Method::kCommit: return nullptr;
+    // A session's mutex (held while its step applies), or a whole pass over the index.
     case Method::kCloseSession:
     case Method::kAbortSessions:
     case Method::kDump:

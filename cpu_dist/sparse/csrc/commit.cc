@@ -31,7 +31,7 @@ Status ended_reply(const Status& ended, int64_t step, int64_t final_step, int64_
 }  // namespace
 
 Status CommitSessions::find_or_create(const CommitChunk& c, std::shared_ptr<Session>* out,
-                                      Ended* ended) {
+                                      Ended* ended, bool wait) {
   const uint64_t session = c.session;
   for (;;) {
     std::shared_ptr<Session> victim;
@@ -63,7 +63,9 @@ Status CommitSessions::find_or_create(const CommitChunk& c, std::shared_ptr<Sess
         *out = std::move(s);
         return Status::OK;
       }
-      // At the cap: the least recently active session makes room (a crashed job's, usually).
+      // At the cap: the least recently active session makes room (a crashed job's, usually);
+      // ending it takes its mutex, which an applying step may hold.
+      if (!wait) throw WouldBlock();
       for (const auto& [id, sp] : sessions_)
         if (!victim || sp->last_active.load() < victim->last_active.load()) {
           victim = sp;
@@ -99,21 +101,28 @@ Status CommitSessions::validate(const CommitChunk& c) {
   return Status::OK;
 }
 
-Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_applied) {
+Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_applied,
+                              bool wait) {
   *rows_applied = 0;
   PS_RETURN_IF_ERROR(validate(c));
   const uint64_t session = c.session;
   const int64_t step = c.step;
   std::shared_ptr<Session> sp;
   Ended ended;
-  PS_RETURN_IF_ERROR(find_or_create(c, &sp, &ended));
+  PS_RETURN_IF_ERROR(find_or_create(c, &sp, &ended, wait));
   if (sp == nullptr)
     return ended_reply(ended_status(session, ended), step, ended.committed, committed);
   Session& s = *sp;
   Status applied_status;
   bool applied = false;
+  bool blocked = false;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
+    if (wait) {
+      lock.lock();
+    } else if (!lock.try_lock()) {
+      throw WouldBlock();  // a step of the session is being applied
+    }
     if (s.dropped)  // the session ended while this chunk was on its way in
       return ended_reply(ended_status(session, Ended{s.committed.load(), "", false, s.base_step}),
                          step, s.committed.load(), committed);
@@ -125,11 +134,18 @@ Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_
       applied_status = st;  // this chunk failed the session: its waiters hear of it below
     } else if (!st.ok()) {
       return st;
-    } else if (stored == Stored::kStepReady) {
-      applied_status = apply_ready(s, session, rows_applied);
-      applied = applied_status.ok();
+    } else if (stored != Stored::kHeld) {
+      // The pending step may be complete: this chunk completed it, or it retries a chunk of
+      // one whose apply was left to a call that may wait.
+      size_t steps = 0;
+      applied_status = apply_ready(s, session, rows_applied, &steps, wait, &blocked);
+      applied = applied_status.ok() && steps > 0;
     }
     *committed = s.committed.load();
+  }
+  if (blocked) {
+    if (applied) notify(session, *committed);  // the steps before the one left to wait
+    throw WouldBlock();
   }
   if (!applied_status.ok()) {
     notify(session, *committed);  // the steps that did apply (one failing after its apply too)
@@ -254,8 +270,11 @@ Status CommitSessions::check_pending_bytes(Session& s, const CommitChunk& c, uin
   return s.failed;
 }
 
-Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_applied) {
+Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_applied,
+                                   size_t* steps, bool wait, bool* blocked) {
   // table.apply is all or nothing, so a throw means the step left no trace.
+  *steps = 0;
+  *blocked = false;
   while (!s.steps.empty()) {
     auto it = s.steps.begin();
     const int64_t step = it->first;
@@ -263,11 +282,15 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
     StatusCode code;
     std::string why;
     try {
-      *rows_applied += apply_step(s, step, it->second);
+      *rows_applied += apply_step(s, step, it->second, wait);
       s.bytes -= it->second.bytes;
       s.steps.erase(it);
       s.committed.store(step);
+      ++*steps;
       continue;
+    } catch (const WouldBlock&) {
+      *blocked = true;
+      return Status::OK;
     } catch (const AppliedThenFailed& e) {
       // The step is in the rows: committed says so, and the session fails all the same.
       s.committed.store(step);
@@ -296,7 +319,7 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
   return Status::OK;
 }
 
-size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks) {
+size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait) {
   RowAccumulator acc(table_.dim());
   for (auto& [rank, r] : chunks.ranks)  // rank order, then chunk order
     for (auto& [index, ch] : r.chunks)
@@ -311,7 +334,7 @@ size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks) 
   s.begun.store(step);
   // The step rules count on job steps: the session's step 0 is job step base_step.
   table_.commit_step(acc.keys().data(), acc.sums().data(), acc.size(), chunks.lr, chunks.optimizer,
-                     job_step);
+                     job_step, wait);
   return acc.size();
 }
 

@@ -72,7 +72,11 @@ class CommitSessions {
   // never re-created: its chunks are refused (FAILED_PRECONDITION) unless they retry a step
   // that was committed.  A step that fails to apply is applied not at all, and fails the
   // session: this and every later chunk and waiter get that error.
-  grpc::Status commit(CommitChunk&& chunk, int64_t* committed, size_t* rows_applied);
+  // With wait false it throws WouldBlock instead of waiting on a lock (the session's, the
+  // table's); the chunk is then untouched, or stored and its step left to apply: sending the
+  // same chunk again (with wait) finishes the job (an identical retry applies a ready step).
+  grpc::Status commit(CommitChunk&& chunk, int64_t* committed, size_t* rows_applied,
+                      bool wait = true);
 
   // Current committed step of a session (-1 if it never committed or is unknown).
   int64_t committed(uint64_t session) const;
@@ -189,12 +193,16 @@ class CommitSessions {
   grpc::Status check_pending_bytes(Session& s, const CommitChunk& c, uint64_t bytes) const;
   // Caller holds s.mu.  Applies the pending step and every held step complete after it, in
   // order; on a failure the session fails and that status is returned.
-  grpc::Status apply_ready(Session& s, uint64_t session, size_t* rows_applied);
+  // *steps: how many applied; *blocked (without wait): it stopped at a step it would have had
+  // to wait for, before any change of that step.
+  grpc::Status apply_ready(Session& s, uint64_t session, size_t* rows_applied, size_t* steps,
+                           bool wait, bool* blocked);
   // Throws; the table is unchanged then (but for expiry drops: ShardTable::commit_step).
-  size_t apply_step(Session& s, int64_t step, StepChunks& chunks);
+  size_t apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait);
   // *out is null (and *ended its end) when the session ended.  Evicts the least recently
   // active session when the cap is reached.
-  grpc::Status find_or_create(const CommitChunk& c, std::shared_ptr<Session>* out, Ended* ended);
+  grpc::Status find_or_create(const CommitChunk& c, std::shared_ptr<Session>* out, Ended* ended,
+                              bool wait);
 
   // ---- lifecycle (sessions.cc) ----
   // Committed step, and non-OK when the session ended or failed.

@@ -224,10 +224,13 @@ Status PsService::call(const BB& req, BB* resp, Status (PsService::*body)(Req&, 
   return (this->*body)(r, resp);
 }
 
-Status PsService::run(Method m, const BB& req, BB* resp) {
+Status PsService::run(Method m, const BB& req, BB* resp, bool* deferred) {
   // What a method throws past its own checks (the SSD tier failing, memory) answers the call.
   try {
-    return dispatch(m, req, resp);
+    return dispatch(m, req, resp, deferred == nullptr);
+  } catch (const WouldBlock&) {
+    *deferred = true;  // thrown only when not waiting, that is with `deferred`
+    return Status::OK;
   } catch (const TierError& e) {
     return Status(e.no_space() ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::INTERNAL, e.what());
   } catch (const TableFull& e) {
@@ -239,11 +242,19 @@ Status PsService::run(Method m, const BB& req, BB* resp) {
   }
 }
 
-Status PsService::dispatch(Method m, const BB& req, BB* resp) {
+Status PsService::dispatch(Method m, const BB& req, BB* resp, bool wait) {
   switch (m) {
     case Method::kPull: return call(req, resp, &PsService::do_pull);
-    case Method::kPush: return call(req, resp, &PsService::do_push);
-    case Method::kCommit: return call(req, resp, &PsService::do_commit);
+    case Method::kPush: {
+      PushRequest r;
+      PS_RETURN_IF_ERROR(admit(req, &r));
+      return do_push(r, resp, wait);
+    }
+    case Method::kCommit: {
+      CommitRequest r;
+      PS_RETURN_IF_ERROR(admit(req, &r));
+      return do_commit(r, resp, wait);
+    }
     case Method::kCloseSession: return call(req, resp, &PsService::do_close);
     case Method::kAbortSessions: return call(req, resp, &PsService::do_abort);
     case Method::kStats: return call(req, resp, &PsService::do_stats);
@@ -377,7 +388,7 @@ Status PsService::write_rows(const int64_t* keys, size_t n, Encoding enc, const 
   return Status::OK;
 }
 
-Status PsService::do_push(PushRequest& r, BB* resp) {
+Status PsService::do_push(PushRequest& r, BB* resp, bool wait) {
   size_t n = 0;
   Encoding enc;
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
@@ -391,7 +402,7 @@ Status PsService::do_push(PushRequest& r, BB* resp) {
   acc.reserve(n);
   acc.add(r.keys().data(), r.grads().data(), n);
   try {  // all or nothing (table.h); a full stripe is the caller's problem, not a crash
-    table_.apply(acc.keys().data(), acc.sums().data(), acc.size(), r.lr(), kind);
+    table_.apply(acc.keys().data(), acc.sums().data(), acc.size(), r.lr(), kind, wait);
   } catch (const TableFull& e) {
     return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
   } catch (const std::bad_alloc&) {
@@ -405,7 +416,7 @@ Status PsService::do_push(PushRequest& r, BB* resp) {
   return Status::OK;
 }
 
-Status PsService::do_commit(CommitRequest& r, BB* resp) {
+Status PsService::do_commit(CommitRequest& r, BB* resp, bool wait) {
   size_t n = 0;
   Encoding enc;
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
@@ -433,7 +444,7 @@ Status PsService::do_commit(CommitRequest& r, BB* resp) {
   c.grads.swap(*r.mutable_grads());
   int64_t committed = -1;
   size_t applied = 0;
-  PS_RETURN_IF_ERROR(sessions_.commit(std::move(c), &committed, &applied));
+  PS_RETURN_IF_ERROR(sessions_.commit(std::move(c), &committed, &applied, wait));
   counters_.commit_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.commit_keys.fetch_add(n, std::memory_order_relaxed);
   CommitResponse out;

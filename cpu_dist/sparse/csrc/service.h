@@ -100,8 +100,12 @@ class PsService {
 
   // The token of a call's metadata (null: none), compared in constant time.
   grpc::Status check_token(const std::string* token) const;
-  // Runs a unary method (every one but WaitCommitted) on a request's bytes.
-  grpc::Status run(Method m, const BB& req, BB* resp);
+  // Runs a unary method (every one but WaitCommitted) on a request's bytes.  With `deferred`
+  // (Push and Commit on a callback thread) it waits on no lock: where it would, it sets
+  // *deferred and leaves resp alone, and the caller runs it again without `deferred` on a
+  // thread that may wait (the request as it came: Commit's chunk may be stored already, and
+  // an identical retry finishes its step).
+  grpc::Status run(Method m, const BB& req, BB* resp, bool* deferred = nullptr);
   // WaitCommitted: parses the request and parks `done` as a waiter until the step commits
   // or `deadline`; may call it at once.  Returns the waiter id (0: done already called), or
   // a non-OK status (and does not call `done`) when the request is refused.
@@ -111,11 +115,11 @@ class PsService {
   void count(const BB* req, const BB* resp, const grpc::Status& status);
 
  private:
-  grpc::Status dispatch(Method m, const BB& req, BB* resp);  // run() without its catch
+  grpc::Status dispatch(Method m, const BB& req, BB* resp, bool wait);  // run() less its catch
   // The bodies, each run after the shared preamble (parse, table, dim).
   grpc::Status do_pull(PullRequest& r, BB* resp);
-  grpc::Status do_push(PushRequest& r, BB* resp);
-  grpc::Status do_commit(CommitRequest& r, BB* resp);
+  grpc::Status do_push(PushRequest& r, BB* resp, bool wait);
+  grpc::Status do_commit(CommitRequest& r, BB* resp, bool wait);
   grpc::Status do_close(CloseSessionRequest& r, BB* resp);
   grpc::Status do_abort(AbortSessionsRequest& r, BB* resp);
   grpc::Status do_stats(StatsRequest& r, BB* resp);

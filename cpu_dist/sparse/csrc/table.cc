@@ -298,13 +298,23 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
 }
 
 void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float lr,
-                       OptimizerKind opt) {
+                       OptimizerKind opt, bool wait) {
   std::optional<TierError> after;
   if (serial_) {
-    std::unique_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
+    std::unique_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);
+    if (wait) {
+      writer.lock();  // waits while frozen
+    } else if (!writer.try_lock()) {
+      throw WouldBlock();
+    }
     after = apply_locked(keys, grads, n, lr, opt, nullptr);
   } else {
-    std::shared_lock<std::shared_mutex> writer(update_mu_);  // waits while frozen
+    std::shared_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);
+    if (wait) {
+      writer.lock();  // waits while frozen
+    } else if (!writer.try_lock()) {
+      throw WouldBlock();
+    }
     after = apply_locked(keys, grads, n, lr, opt, nullptr);
   }
   if (after)

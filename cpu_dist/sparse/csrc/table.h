@@ -82,6 +82,11 @@ class AppliedThenFailed : public std::runtime_error {
   bool no_space_;
 };
 
+// Thrown by an update asked not to wait (wait = false) when the table's update lock is taken
+// (a Save froze the table, or another update holds it): nothing was done.  Not a
+// std::exception: no handler of real failures catches it by mistake.
+struct WouldBlock {};
+
 struct TierOptions {
   uint64_t memory_rows = 0;        // DRAM tier, rows (0: unbounded)
   std::string ssd_dir;             // SSD tier under this directory (empty: none)
@@ -125,7 +130,9 @@ class ShardTable {
   // before the update.  All or nothing: every row is made resident (and every missing one
   // inserted) before any row changes, so a throw (TableFull, MemoryFull, TierError, bad_alloc)
   // leaves every value as it was.  Waits while the table is frozen.
-  void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt);
+  // With wait false it throws WouldBlock (nothing done) instead of waiting for the lock.
+  void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt,
+             bool wait = true);
 
   // A committed step at job step `step`: the step rules (table_rules.h) around an apply.  The
   // apply is all or nothing as above; expiry runs after it.  An SSD failure after the rows
@@ -137,7 +144,7 @@ class ShardTable {
     size_t expired = 0;   // rows dropped
   };
   StepResult commit_step(const int64_t* keys, const float* grads, size_t n, float lr,
-                         OptimizerKind opt, int64_t step);
+                         OptimizerKind opt, int64_t step, bool wait = true);
 
   // Calls fn(key) for every row in DRAM, one stripe at a time under that stripe's lock (so
   // pulls and updates of other stripes go on).  fn must not call back into the table.

@@ -286,8 +286,14 @@ std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const flo
 }
 
 ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float* grads, size_t n,
-                                               float lr, OptimizerKind opt, int64_t step) {
-  std::unique_lock<std::shared_mutex> writer(update_mu_);  // the rules change only here
+                                               float lr, OptimizerKind opt, int64_t step,
+                                               bool wait) {
+  std::unique_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);  // rules change here
+  if (wait) {
+    writer.lock();
+  } else if (!writer.try_lock()) {
+    throw WouldBlock();
+  }
   StepCtx ctx;
   ctx.step = step;
   rules_.reserve(n);

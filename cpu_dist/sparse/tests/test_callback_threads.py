@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from cpu_dist.sparse import Client
+from cpu_dist.sparse import Client, _ps
 
 from .conftest import TOKEN
 
@@ -51,4 +51,9 @@ def test_a_pull_completes_while_updates_wait_on_a_held_save(cluster_factory, tmp
     assert saved and saved[0][0]["rows"] == len(keys)
     for h in handles:
         h.wait(60)
-    assert cl.committed_step(WAITING_CALLS) == 0
+    # Every deferred update applied once: the commits of all sessions and the pushes.
+    assert all(cl.committed_step(session) == 0 for session in range(1, WAITING_CALLS + 1))
+    want = rows.copy()
+    for _ in range(len(handles)):
+        _ps.apply_rows(want, grads, 0.1, "sgd")
+    np.testing.assert_array_equal(cl.pull(keys), want)
