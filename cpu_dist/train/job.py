@@ -85,8 +85,8 @@ def run_job(cfg: Config, roles: Roles) -> int:
     preflight(cfg, roles, token)
     job_host = ps_listen_host(roles, cfg.job.ps_host, cfg.job.ps_interface)
     if cfg.job.ps_type.lower() == "rdma":
-        if job_host != "127.0.0.1" and roles.rank == 0:
-            raise RuntimeError(
+        if any(roles.world.allgather(job_host != "127.0.0.1")):  # one verdict for all ranks
+            raise SetupError(
                 "--ps-type RDMA: no RDMA transport exists yet; on one node it selects the "
                 "local gRPC backend, across nodes use --ps-type grpc"
             )

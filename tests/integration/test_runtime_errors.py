@@ -172,3 +172,10 @@ def test_a_shard_that_cannot_start_is_one_line_naming_its_rank():
         address = f"127.0.0.1:{busy.getsockname()[1]}"
         proc = mpirun(2, ["--worker-num", "1", *SMALL, "--ps_list", address], timeout=120)
     assert_one_line(proc, "PS shard failed to start", "rank 1", address)
+
+
+def test_rdma_off_loopback_is_one_line():
+    proc = mpirun(
+        2, ["--worker-num", "1", *SMALL, "--ps-type", "RDMA", "--ps-host", "127.0.0.2"], timeout=120
+    )
+    assert_one_line(proc, "--ps-type RDMA: no RDMA transport exists yet")
