@@ -141,3 +141,45 @@ def test_sigterm_to_mpirun_checkpoints_within_the_grace_env_sh_sets(tmp_path, mo
         job.kill_all()
     assert rc != 0 and "stopped on request" in err, err[-3000:]
     assert len(checkpoints(d)) == 1, err[-3000:]
+
+
+def test_sigterm_to_run_sh_reaches_the_ranks_at_once(tmp_path):
+    """scripts/run.sh turns a SIGTERM into SIGUSR1 for mpirun and exits with the job's code.
+    Run from a copy of the project whose setup step does nothing (the real one may build)."""
+    import shutil
+    import subprocess
+    import time
+
+    from .launch import MPI_ENV, ROOT
+
+    proj = tmp_path / "proj"
+    (proj / "scripts").mkdir(parents=True)
+    for rel in ("scripts/run.sh", "scripts/env.sh", "launcher.py"):
+        shutil.copy2(ROOT / rel, proj / rel)
+    (proj / "scripts" / "setup.sh").write_text("exit 0\n")
+    for rel in (".venv", "cpu_dist", "gpu_cache"):
+        (proj / rel).symlink_to(ROOT / rel)
+    d, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    args = [*SMALL, "--max_step", "100000", *ckpt(d), "--metrics-out", str(metrics)]
+    proc = subprocess.Popen(
+        ["bash", str(proj / "scripts" / "run.sh"), *args, "--print-freq", "1"],
+        env={**os.environ, **MPI_ENV, "NP": "3", "WORKERS": "2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and metrics.read_text().count('{"step"') >= 4):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no step 4 in time"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == EXIT_STOPPED, err[-3000:]
+    assert "stopped on request" in err and len(checkpoints(d)) == 1, err[-3000:]
