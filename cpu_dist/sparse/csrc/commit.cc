@@ -262,8 +262,7 @@ Status CommitSessions::check_pending_bytes(Session& s, const CommitChunk& c, uin
       StatusCode::RESOURCE_EXHAUSTED,
       absl::StrCat("session ", c.session, " step ", c.step, " rank ", c.rank, " chunk ",
                    c.chunk_index, ": storing it (", bytes, " bytes) beside the ", stored,
-                   " bytes of the pending step would "
-                   "exceed max_pending_bytes ",
+                   " bytes of the pending step would exceed max_pending_bytes ",
                    limits_.max_pending_bytes, "; the step was not applied and the session failed"));
   s.steps.clear();
   s.bytes = 0;
