@@ -1,7 +1,8 @@
 """Evaluation users can trust: the final evaluation of file data scores every row of the eval
 split (the last partial batch included), so its figures do not depend on the batch size, and
 serving a bundle with the same defaults scores what the job scored; each evaluation is printed;
-a logged loss is the mean over its interval (real mpirun jobs, real PS ranks)."""
+a logged loss is the mean over its interval; the summary reduces the workers' figures (real
+mpirun jobs, real PS ranks)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from cpu_dist.data import make_dataset
 from cpu_dist.data.generate import write_file
 
 from .launch import ROOT, SMALL, mpirun
@@ -111,3 +114,21 @@ def test_serving_refuses_data_of_another_kind_or_hashing(jobs):
     proc = _serve(bundle, "--data-path", str(tsv), "--max-ind-range", "100")
     assert proc.returncode == 2
     assert "its keys were made with --max-ind-range 5000; --max-ind-range 100" in proc.stderr
+
+
+def test_the_summary_reduces_the_per_worker_figures_over_the_workers(jobs):
+    """(issue 23 item 4) ``<key>_sum``/``_max``/``_mean`` over both workers beside worker
+    0's own figures under the old names."""
+    _, tsv, out = jobs
+    s = out["1"][1][-1]["summary"]
+    # with ps aggregation each worker hands over the gradients of its share's unique keys
+    data = make_dataset("criteo", path=tsv, max_ind_range=5000)
+    pushed = [
+        sum(len(np.unique(data.worker_batch(t, 96, r, 2).keys)) for t in range(9)) for r in range(2)
+    ]
+    assert s["rows_pushed"] == pushed[0]  # the old key: worker 0's, as before
+    assert s["rows_pushed_sum"] == sum(pushed)
+    assert s["bytes_pushed_sum"] > s["bytes_pushed"] > 0
+    assert s["t_forward"] > 0 and s["t_forward_mean"] > 0
+    assert s["exposed_sparse_s_max"] >= s["exposed_sparse_s"]
+    assert s["staleness_max_max"] == 0 and s["staleness_mean_mean"] == 0
