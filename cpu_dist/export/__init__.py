@@ -10,6 +10,8 @@ memory map: no message-size limit, and memory of 16 bytes per row besides one pa
 from __future__ import annotations
 
 import secrets
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ from cpu_dist.checkpoint.manifest import (
     check_files,
     find_latest,
     read_manifest,
+    shard_load_paths,
+    steps_done,
 )
 from cpu_dist.common.config import DataConfig
 from cpu_dist.common.contracts import TABLE
@@ -41,7 +45,7 @@ def export_from_client(
     client: Client,
     dense: dict[str, torch.Tensor],
     spec: ModelSpec,
-    step: int,
+    steps: int,
     out: Path,
     flag: str = "--export",
     data: DataSpec | None = None,
@@ -53,7 +57,7 @@ def export_from_client(
     try:
         for keys, values, _state in client.dump_pages(max_bytes=PAGE_BYTES):
             writer.add(keys, values)
-        writer.finish(spec, dense, step, data)
+        writer.finish(spec, dense, steps, data)
     except BaseException:
         writer.abort()
         raise
@@ -82,11 +86,48 @@ def _checkpoint(path: Path) -> Manifest:
     return m
 
 
-def export_checkpoint(path: Path, out: Path, timeout_s: float = 3600.0) -> int:
+def _gather_shard_files(m: Manifest, shard_dirs: Sequence[Path], into: Path) -> None:
+    """Links every shard file of ``m`` into ``into`` under the name the manifest gives it
+    (its ``shard_path``, or its place in the step directory), so that one in-process shard
+    with ``into`` as its checkpoint directory loads them all.  Files written by standalone
+    shards live under those shards' own ``--checkpoint-dir``: each is looked for in
+    ``shard_dirs``, in order."""
+    assert m.path is not None
+    for e in m.shards:
+        if e.shard_path:
+            found = [d / e.shard_path for d in shard_dirs if (d / e.shard_path).is_file()]
+            if not found:
+                where = ", ".join(str(d) for d in shard_dirs) or "no --shard-dir given"
+                raise CheckpointError(
+                    f"checkpoint {m.path}: shard file {e.shard_path} was written by a "
+                    f"standalone shard under its own --checkpoint-dir and is not under any "
+                    f"--shard-dir ({where}); give the directory that holds it with --shard-dir"
+                )
+            source, name = found[0].resolve(), e.shard_path
+        else:
+            source, name = m.file(e).resolve(), f"{m.path.name}/{e.file}"
+        link = into / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(source)
+
+
+def export_checkpoint(
+    path: Path, out: Path, timeout_s: float = 3600.0, shard_dirs: Sequence[Path] = ()
+) -> int:
+    """A bundle in ``out`` from the checkpoint at ``path`` (a step directory, or a root and
+    its newest complete checkpoint).  ``shard_dirs``: where the files that standalone shards
+    wrote under their own ``--checkpoint-dir`` are (the manifest names them relative to it)."""
     check_bundle_output(out, "--output")  # before the (long) load
     m = _checkpoint(path)
     assert m.path is not None
     check_files(m)  # every file there with its size, the dense file's checksum
+    with tempfile.TemporaryDirectory(prefix="cpu-dist-export-") as tmp:
+        _gather_shard_files(m, shard_dirs, Path(tmp))
+        return _export_loaded(m, Path(tmp), out, timeout_s)
+
+
+def _export_loaded(m: Manifest, files: Path, out: Path, timeout_s: float) -> int:
+    assert m.path is not None
     settings = m.config
     state = torch.load(m.path / DENSE, map_location="cpu", weights_only=True)
     dense = state["model"]
@@ -108,18 +149,18 @@ def export_checkpoint(path: Path, out: Path, timeout_s: float = 3600.0) -> int:
         init_scale=spec.init_scale,
         seed=spec.seed,
         table=m.table,
-        checkpoint_dir=str(m.path.parent),
+        checkpoint_dir=str(files),
     )
     server.start()
     try:
         client = Client([server.address], token, m.dim, table=TABLE, timeout_s=timeout_s)
         client.load(
-            [f"{m.path.name}/{e.file}" for e in m.shards],
+            shard_load_paths(m),
             [e.bytes for e in m.shards],
             [e.crc32 for e in m.shards],
             timeout_s=timeout_s,
         )
-        rows = export_from_client(client, dense, spec, m.step, out, "--output", data)
+        rows = export_from_client(client, dense, spec, steps_done(m.step), out, "--output", data)
         client.close()
     finally:
         server.stop(10.0)

@@ -19,10 +19,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("checkpoint", help="checkpoint root or step directory")
     ap.add_argument("--output", required=True, help="directory of the bundle")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds for the load")
+    ap.add_argument(
+        "--shard-dir",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="a standalone shard's --checkpoint-dir (or a copy of it): where the files that "
+        "shards started with python -m cpu_dist.sparse.server wrote are; repeat for several",
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        rows = export_checkpoint(Path(args.checkpoint), Path(args.output), args.timeout)
+        rows = export_checkpoint(
+            Path(args.checkpoint), Path(args.output), args.timeout, args.shard_dir
+        )
     except (CheckpointError, BundleError, PSError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -141,7 +141,7 @@ def score(args: argparse.Namespace) -> dict[str, float]:
         "eval_auc": result["auc"],
         "eval_logloss": result["logloss"],
         "eval_samples": samples,
-        "step": bundle.step,
+        "steps": bundle.steps,
     }
 
 

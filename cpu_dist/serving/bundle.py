@@ -6,7 +6,8 @@ a parameter server or the native module.
                         key the table never held scores with its first-touch row), the data
                         settings that made its keys (kind, --max-ind-range,
                         --num-embeddings-per-feature, --zipf-exponent) and the job's batch
-                        size, the step, row count, and every file's size and crc32
+                        size, the steps done (``steps``; version 1 wrote the last step,
+                        ``step``), row count, and every file's size and crc32
     DIR/dense.pt        the dense parameters, a torch state dict (``bot.*``, ``top.*``)
     DIR/keys.npy        int64 [n], sorted ascending, memory-mappable
     DIR/rows.npy        float32 [n, dim], row i belongs to keys[i]
@@ -143,9 +144,11 @@ class BundleWriter:
         self,
         spec: ModelSpec,
         dense: dict[str, torch.Tensor],
-        step: int,
+        steps: int,
         data: DataSpec | None = None,
     ) -> None:
+        """``steps``: the steps the model has trained (``checkpoint.steps_done``), the number
+        checkpoints are named by too."""
         if self.filled != self.total:
             raise BundleError(f"{self.filled} rows written, {self.total} announced")
         order = np.argsort(self._keys, kind="stable")
@@ -172,7 +175,7 @@ class BundleWriter:
         manifest = {
             "format": FORMAT,
             "version": VERSION,
-            "step": step,
+            "steps": steps,
             "rows": self.total,
             "model": {**dataclasses.asdict(spec)},
             "data": None if data is None else dataclasses.asdict(data),
@@ -191,7 +194,7 @@ class Bundle:
     path: Path
     spec: ModelSpec
     data: DataSpec | None  # None: a version 1 bundle, which did not record it
-    step: int
+    steps: int  # steps trained (a version 1 bundle's last step + 1)
     dense: dict[str, torch.Tensor]
     keys: np.ndarray  # memory-mapped
     rows: np.ndarray  # memory-mapped
@@ -241,4 +244,5 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
         data = DataSpec(
             **{**d, "num_embeddings_per_feature": None if sizes is None else tuple(sizes)}
         )
-    return Bundle(path, spec, data, int(m["step"]), dense, keys, rows)
+    steps = int(m["steps"]) if "steps" in m else int(m["step"]) + 1  # version 1: the last step
+    return Bundle(path, spec, data, steps, dense, keys, rows)

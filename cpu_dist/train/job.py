@@ -19,9 +19,11 @@ from cpu_dist.common.mpi_context import (
 from cpu_dist.common.threads import share_cores, workers_on_this_node
 from cpu_dist.common.tokens import TokenError, external_token
 from cpu_dist.data.layout import LayoutError
+from cpu_dist.data.run_length import RunLengthError
 from cpu_dist.data.tsv_parse import CriteoFormatError
 from cpu_dist.serving.bundle import BundleError
 from cpu_dist.sparse import PSError
+from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.preflight import SetupError, preflight
 
 # Failures a user can cause and fix, reported as one ``launcher.py: error:`` line with exit
@@ -34,6 +36,8 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     TokenError,
     CriteoFormatError,
     LayoutError,
+    RunLengthError,
+    NonFiniteLoss,
     BundleError,
     OutputError,
     TimeoutError,

@@ -35,6 +35,7 @@ from cpu_dist.serving.bundle import ModelSpec
 from cpu_dist.sparse import Client
 from cpu_dist.train import metrics
 from cpu_dist.train.dump import model_arrays, write_dump
+from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.evaluation import evaluate_model
 from cpu_dist.train.pipelines import make_committer, make_pipeline
 
@@ -349,7 +350,7 @@ class Worker:
             metrics.console(metrics.eval_line(step, result))
         return result
 
-    def _export(self, step: int) -> None:
+    def _export(self, steps: int) -> None:
         m = self.cfg.model
         spec = ModelSpec(
             dim=m.embedding_dim,
@@ -365,7 +366,8 @@ class Worker:
         dense = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         assert self.cfg.output.export is not None
         out = Path(self.cfg.output.export)
-        export_from_client(self.client, dense, spec, step, out, data=data_spec(self.cfg.settings()))
+        data = data_spec(self.cfg.settings())
+        export_from_client(self.client, dense, spec, steps, out, data=data)
 
     def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
         result = self._evaluate(steps, final=True)
@@ -382,7 +384,7 @@ class Worker:
                 keys, values, _ = self.client.dump()
                 write_dump(self.cfg.output.dump_state, model_arrays(self.model, keys, values))
             if self.cfg.output.export:
-                self._export(steps - 1)
+                self._export(steps)
             head = {
                 "steps": steps,
                 "workers": self.world,
@@ -406,10 +408,6 @@ class Worker:
         wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")
         if self.chief and stop_shards:
             self.client.shutdown()
-
-
-class NonFiniteLoss(ArithmeticError):
-    """Training diverged; the message names the dense parameters that are not finite."""
 
 
 class Window:

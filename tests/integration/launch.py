@@ -68,6 +68,13 @@ def small_reference(
     )
 
 
+def run_module(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` in the checkout, as a user runs the tools (export, serving)."""
+    return subprocess.run(
+        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def mpirun(np_: int, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, **MPI_ENV}
     cmd = ["mpirun", "-np", str(np_), sys.executable, str(ROOT / "launcher.py"), *args]

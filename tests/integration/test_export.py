@@ -5,23 +5,15 @@ checkpoint is the same bundle; a damaged bundle is refused naming the file."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from cpu_dist.serving.bundle import open_bundle
 
-from .launch import ROOT, SMALL, mpirun
+from .launch import SMALL, mpirun, run_module
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def run_module(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +49,7 @@ def test_the_bundle_scores_what_the_job_scored(job):
     proc = run_module("cpu_dist.serving", str(bundle), "--batch-size", "96", "--eval-batches", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["step"] == 19
+    assert got["steps"] == 20  # steps done, as checkpoints count them
     assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-4)
     assert got["eval_logloss"] == pytest.approx(final["eval_logloss"], abs=1e-4)
 
@@ -78,7 +70,7 @@ def test_the_checkpoint_exports_the_same_bundle(job):
     proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = open_bundle(bundle), open_bundle(again)
-    assert a.spec == b.spec and a.step == b.step == 19
+    assert a.spec == b.spec and a.steps == b.steps == 20
     assert a.data == b.data and a.data is not None
     assert (a.data.kind, a.data.batch_size, a.data.max_ind_range) == ("synthetic", 96, None)
     np.testing.assert_array_equal(a.keys, b.keys)

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from cpu_dist.common.tokens import write_token_file
+from cpu_dist.serving.bundle import open_bundle
 from cpu_dist.testing.shards import standalone_shards
 
-from .launch import SMALL, mpirun, train
+from .launch import SMALL, mpirun, run_module, train
 
 pytestmark = pytest.mark.timeout(600)
 DIM = 8  # SMALL's embedding dim
@@ -101,6 +102,17 @@ def test_files_go_under_the_shards_directory_and_resume_into_another_shard_count
     assert set(got) == set(want)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    # the offline exporter finds the shards' files under --shard-dir, and says so without it
+    step_dir = job_dir / "step-00000006"
+    refused = run_module("cpu_dist.export", str(step_dir), "--output", str(tmp_path / "no"))
+    assert refused.returncode == 2 and "--shard-dir" in refused.stderr, refused.stderr[-3000:]
+    assert not (tmp_path / "no").exists()
+    bundle = tmp_path / "bundle"
+    args = [str(step_dir), "--output", str(bundle), "--shard-dir", str(tmp_path / "empty-dir")]
+    exported = run_module("cpu_dist.export", *args, "--shard-dir", str(shard_dir))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    b = open_bundle(bundle)
+    assert b.steps == 6 and len(b.keys) == sum(e["rows"] for e in m["shards"]) > 0
 
 
 def test_a_resume_whose_files_a_shard_cannot_read_is_refused_naming_them(token, tmp_path):

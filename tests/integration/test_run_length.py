@@ -39,7 +39,8 @@ def test_file_data_without_step_flags_trains_one_epoch(tsv, tmp_path):
 def test_a_batch_larger_than_the_data_is_an_error(tsv):
     argv = ["--worker-num", "2", *without_max_step(SMALL), "--batch-size", "960"]
     proc = mpirun(3, [*argv, "--data", "criteo", "--data-path", str(tsv)])
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "launcher.py: error:" in proc.stderr and "Traceback" not in proc.stderr
     assert "--batch-size 960 is larger than the training split (900 rows" in proc.stderr
     assert "samples_per_s" not in proc.stdout
 

@@ -25,7 +25,7 @@ def write(tmp_path, data=DATA):
 
 def test_the_data_settings_travel_with_the_bundle(tmp_path):
     b = open_bundle(write(tmp_path))
-    assert b.data == DATA and b.data.family == "criteo" and b.step == 7
+    assert b.data == DATA and b.data.family == "criteo" and b.steps == 7
     np.testing.assert_array_equal(b.keys, [1, 3, 5])
 
 
