@@ -133,6 +133,31 @@ def test_the_unit_phase_leaves_the_mpi_tests_to_the_mpi_phases(tmp_path):
     assert got.returncode == 0
 
 
+SLOW = """
+import time
+
+def test_a_fast():
+    pass
+
+def test_b_outlives_the_limit():
+    time.sleep(120)  # deliberately slower than the phase's limit: not a synchronisation
+
+def test_c_never_started():
+    pass
+"""
+
+
+def test_a_phase_stopped_at_its_limit_still_counts_what_it_finished(tmp_path):
+    path = tmp_path / "gen" / "test_slow.py"
+    path.parent.mkdir()
+    path.write_text(SLOW)
+    got = run(TEST_SH, tmp_path, str(path), CPU_DIST_TEST_UNIT_LIMIT_S="8")
+    lines = got.stdout.splitlines()
+    assert got.returncode == 1
+    assert "phase unit: stopped at its wall-clock limit; counted: the tests it finished" in lines
+    assert lines[-1] == "1 passed, 1 failed, 0 skipped", got.stdout
+
+
 MPI_GENERATED = """
 import pytest
 from mpi4py import MPI
