@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,27 @@ def small_reference(
         dtype=torch.float32,
         **rules,
     )
+
+
+def with_flags(flags: Sequence[str], changes: dict[str, str | None]) -> list[str]:
+    """``flags`` with each named flag's value replaced (appended when absent; ``None``: the
+    flag and its value removed), so tests vary SMALL without a second copy of it."""
+    out = list(flags)
+    for name, value in changes.items():
+        if name in out:
+            i = out.index(name)
+            out[i : i + 2] = [] if value is None else [name, value]
+        elif value is not None:
+            out += [name, value]
+    return out
+
+
+def external_job(
+    token_file: str, addresses: Sequence[str], *extra: str, workers: int = 1
+) -> subprocess.CompletedProcess:
+    """A SMALL job of ``workers`` ranks, all workers, on shards started elsewhere."""
+    args = ["--worker-num", str(workers), "--ps_list", ",".join(addresses)]
+    return mpirun(workers, [*args, "--token-file", token_file, *SMALL, *extra])
 
 
 def run_module(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:

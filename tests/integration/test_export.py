@@ -5,6 +5,7 @@ checkpoint is the same bundle; a damaged bundle is refused naming the file."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,12 +81,16 @@ def test_the_checkpoint_exports_the_same_bundle(job):
         np.testing.assert_array_equal(a.dense[name].numpy(), b.dense[name].numpy())
 
 
+def copy_bundle(bundle: Path, to: Path) -> Path:
+    to.mkdir()
+    for f in bundle.iterdir():
+        (to / f.name).write_bytes(f.read_bytes())
+    return to
+
+
 def test_a_damaged_bundle_is_refused_naming_the_file(job, tmp_path):
     _, bundle, _, _ = job
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in bundle.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+    broken = copy_bundle(bundle, tmp_path / "broken")
     rows = broken / "rows.npy"
     data = bytearray(rows.read_bytes())
     data[-1] ^= 0xFF
@@ -97,10 +102,7 @@ def test_a_damaged_bundle_is_refused_naming_the_file(job, tmp_path):
 
 def test_an_export_replaces_an_earlier_bundle_whole(job, tmp_path):
     _, bundle, ckpt, _ = job
-    again = tmp_path / "bundle"
-    again.mkdir()
-    for f in bundle.iterdir():
-        (again / f.name).write_bytes(f.read_bytes())
+    again = copy_bundle(bundle, tmp_path / "bundle")
     (again / "rows.npy").write_bytes(b"stale")  # an earlier bundle, damaged since
     proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,26 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpu_dist.common.tokens import write_token_file
 from cpu_dist.serving.bundle import open_bundle
 from cpu_dist.testing.shards import standalone_shards
 
-from .launch import SMALL, mpirun, run_module, train
+from .launch import external_job, run_module, train
 
 pytestmark = pytest.mark.timeout(600)
 DIM = 8  # SMALL's embedding dim
 
 
-@pytest.fixture
-def token(tmp_path):
-    path = str(tmp_path / "token")
-    write_token_file(path, "external-checkpoints")
-    return path
-
-
 def job(token: str, addresses: list[str], *extra: str, workers: int = 2):
-    args = ["--worker-num", str(workers), "--ps_list", ",".join(addresses), "--token-file", token]
-    return mpirun(workers, [*args, *SMALL, *extra])
+    return external_job(token, addresses, *extra, workers=workers)
 
 
 def manifests(d: Path) -> dict[str, dict]:

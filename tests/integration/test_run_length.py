@@ -10,14 +10,13 @@ import pytest
 from cpu_dist.data.generate import write_file
 from cpu_dist.train.metrics import read_summary
 
-from .launch import SMALL, mpirun
+from .launch import SMALL, mpirun, with_flags
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def without_max_step(flags: list[str]) -> list[str]:
-    i = flags.index("--max_step")
-    return flags[:i] + flags[i + 2 :]
+    return with_flags(flags, {"--max_step": None})
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +45,7 @@ def test_a_batch_larger_than_the_data_is_an_error(tsv):
 
 
 def with_steps(flags: list[str], steps: int) -> list[str]:
-    out = list(flags)
-    out[out.index("--max_step") + 1] = str(steps)
-    return out
+    return with_flags(flags, {"--max_step": str(steps)})
 
 
 @pytest.fixture(scope="module")

@@ -33,36 +33,21 @@ def assert_one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
     return lines[0]
 
 
-@pytest.fixture
-def token(tmp_path):
-    path = str(tmp_path / "token")
-    write_token_file(path, "errors-secret")
-    return path
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+def unreachable_job(token: str, address: str):
+    """A one-worker job on a --ps_list address where nothing listens."""
+    args = ["--worker-num", "1", *SMALL, "--ps_list", address, "--token-file", token]
+    return mpirun(1, [*args, "--rpc-timeout", "3"], timeout=120)
+
+
 def test_an_unreachable_shard_is_one_line_naming_it(token):
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
-    proc = mpirun(
-        1,
-        [
-            "--worker-num",
-            "1",
-            *SMALL,
-            "--ps_list",
-            address,
-            "--token-file",
-            token,
-            "--rpc-timeout",
-            "3",
-        ],
-        timeout=120,
-    )
+    proc = unreachable_job(token, address)
     assert_one_line(proc, "shard 0", address, "UNAVAILABLE")
 
 
@@ -126,21 +111,7 @@ def test_the_traceback_comes_with_the_switch(token):
     address = f"127.0.0.1:{free_port()}"
     os.environ["CPU_DIST_TRACEBACK"] = "1"
     try:
-        proc = mpirun(
-            1,
-            [
-                "--worker-num",
-                "1",
-                *SMALL,
-                "--ps_list",
-                address,
-                "--token-file",
-                token,
-                "--rpc-timeout",
-                "3",
-            ],
-            timeout=120,
-        )
+        proc = unreachable_job(token, address)
     finally:
         del os.environ["CPU_DIST_TRACEBACK"]
     assert proc.returncode == 2 and len(error_lines(proc)) == 1, proc.stderr[-3000:]

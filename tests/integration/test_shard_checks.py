@@ -9,26 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_dist.common.tokens import write_token_file
 from cpu_dist.testing.shards import standalone_shards
 
 from .jobctl import Job
-from .launch import SMALL, mpirun
+from .launch import SMALL, external_job, mpirun
 
 pytestmark = pytest.mark.timeout(600)
 DIM = 8  # SMALL's embedding dim
 
 
-@pytest.fixture
-def token(tmp_path):
-    path = str(tmp_path / "token")
-    write_token_file(path, "checks-secret")
-    return path
-
-
 def job(token: str, addresses: list[str], *extra: str, workers: int = 1):
-    args = ["--worker-num", str(workers), "--ps_list", ",".join(addresses), "--token-file", token]
-    return mpirun(workers, [*args, *SMALL, *extra])
+    return external_job(token, addresses, *extra, workers=workers)
 
 
 def test_a_ps_list_out_of_order_stops_the_job_naming_the_shard(token):

@@ -12,31 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from .launch import SMALL, with_flags
 from .test_slurm import TRAIN, TRAIN_TIMEOUT_S, cluster, workdir  # noqa: F401 (fixtures)
 
 STEPS = 2000  # about 30 s here: long enough to be stopped part way
 FLAGS = [
-    "--worker-num",
-    "2",
-    "--embedding-dim",
-    "8",
-    "--arch-mlp-bot",
-    "16-8",
-    "--arch-mlp-top",
-    "16-1",
-    "--batch-size",
-    "96",
-    "--max_step",
-    str(STEPS),
-    "--no-progress",
-    "--eval-batches",
-    "1",
-    "--print-freq",
-    "1",
-    "--checkpoint-dir",
-    "ck",
-    "--checkpoint-every",
-    "1000",
+    *("--worker-num", "2"),
+    *with_flags(SMALL, {"--max_step": str(STEPS), "--print-freq": "1"}),
+    *("--checkpoint-dir", "ck", "--checkpoint-every", "1000"),
 ]
 
 
