@@ -25,7 +25,9 @@ OPT = ["--dense-optimizer", "adamw", "--sparse-optimizer", "rowwise_adagrad"]
 
 
 def ckpt(d: Path) -> list[str]:
-    return ["--checkpoint-dir", str(d), "--checkpoint-every", "1000"]
+    # no periodic checkpoints: the one there is the stop's, however many steps a fast machine
+    # runs before the signal arrives
+    return ["--checkpoint-dir", str(d)]
 
 
 def checkpoints(d: Path) -> dict[str, int]:
