@@ -118,11 +118,8 @@ Status CommitSessions::commit(CommitChunk&& c, int64_t* committed, size_t* rows_
   bool blocked = false;
   {
     std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
-    if (wait) {
-      lock.lock();
-    } else if (!lock.try_lock()) {
-      throw WouldBlock();  // a step of the session is being applied
-    }
+    // without wait, WouldBlock while a step of the session is being applied
+    lock_or_would_block(lock, wait);
     if (s.dropped)  // the session ended while this chunk was on its way in
       return ended_reply(ended_status(session, Ended{s.committed.load(), "", false, s.base_step}),
                          step, s.committed.load(), committed);

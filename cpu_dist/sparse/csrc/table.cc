@@ -302,19 +302,11 @@ void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float 
   std::optional<TierError> after;
   if (serial_) {
     std::unique_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);
-    if (wait) {
-      writer.lock();  // waits while frozen
-    } else if (!writer.try_lock()) {
-      throw WouldBlock();
-    }
+    lock_or_would_block(writer, wait);  // waits while frozen
     after = apply_locked(keys, grads, n, lr, opt, nullptr);
   } else {
     std::shared_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);
-    if (wait) {
-      writer.lock();  // waits while frozen
-    } else if (!writer.try_lock()) {
-      throw WouldBlock();
-    }
+    lock_or_would_block(writer, wait);  // waits while frozen
     after = apply_locked(keys, grads, n, lr, opt, nullptr);
   }
   if (after)

@@ -87,6 +87,17 @@ class AppliedThenFailed : public std::runtime_error {
 // std::exception: no handler of real failures catches it by mistake.
 struct WouldBlock {};
 
+// Takes `lock` (a deferred unique_lock or shared_lock): waiting for it, or with wait = false
+// only if it is free, else WouldBlock.  The one rule for every update that may not wait.
+template <class Lock>
+void lock_or_would_block(Lock& lock, bool wait) {
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    throw WouldBlock();
+  }
+}
+
 struct TierOptions {
   uint64_t memory_rows = 0;        // DRAM tier, rows (0: unbounded)
   std::string ssd_dir;             // SSD tier under this directory (empty: none)

@@ -289,11 +289,7 @@ ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float*
                                                float lr, OptimizerKind opt, int64_t step,
                                                bool wait) {
   std::unique_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);  // rules change here
-  if (wait) {
-    writer.lock();
-  } else if (!writer.try_lock()) {
-    throw WouldBlock();
-  }
+  lock_or_would_block(writer, wait);
   StepCtx ctx;
   ctx.step = step;
   rules_.reserve(n);
