@@ -38,10 +38,28 @@ def _as_u64(keys) -> np.ndarray:
     return np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64)
 
 
-def row_init(seed: int, keys, dim: int, scale: float) -> np.ndarray:
-    """First-touch rows ``[len(keys), dim]`` float32, equal to the PS's bit for bit."""
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+
+
+def table_salt(table: str = TABLE) -> int:
+    """The salt that keys ``row_init`` and ``partition_of`` by table (csrc/hashing.h): 0 for
+    the default table ``"embedding"`` (today's functions bit for bit), else
+    ``mix64(fnv1a64(name))``."""
+    if table == TABLE:
+        return 0
+    h = _FNV_OFFSET
+    for b in table.encode():
+        h = ((h ^ b) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return int(mix64(np.array([h], dtype=np.uint64))[0])
+
+
+def row_init(seed: int, keys, dim: int, scale: float, table: str = TABLE) -> np.ndarray:
+    """First-touch rows ``[len(keys), dim]`` float32 of ``table``, equal to the PS's bit for
+    bit."""
     k = _as_u64(keys).reshape(-1, 1)
-    base = mix64(mix64(np.array([seed], dtype=np.uint64)) ^ k)
+    seed64 = np.array([seed], dtype=np.uint64) ^ np.uint64(table_salt(table))
+    base = mix64(mix64(seed64) ^ k)
     cols = np.arange(dim, dtype=np.uint64).reshape(1, -1)
     bits = mix64(base ^ cols)
     u = (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / 16777216.0)
@@ -53,12 +71,13 @@ def default_init_scale(dim: int) -> float:
     return 1.0 / math.sqrt(dim)
 
 
-def partition_of(keys) -> np.ndarray:
-    return (mix64(_as_u64(keys) ^ PARTITION_SALT) % np.uint64(NUM_PARTITIONS)).astype(np.int64)
+def partition_of(keys, table: str = TABLE) -> np.ndarray:
+    salted = _as_u64(keys) ^ np.uint64(table_salt(table))
+    return (mix64(salted ^ PARTITION_SALT) % np.uint64(NUM_PARTITIONS)).astype(np.int64)
 
 
-def shard_of(keys, num_shards: int) -> np.ndarray:
-    return partition_of(keys) % num_shards
+def shard_of(keys, num_shards: int, table: str = TABLE) -> np.ndarray:
+    return partition_of(keys, table) % num_shards
 
 
 def sparse_update(

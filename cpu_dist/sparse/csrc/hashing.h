@@ -9,9 +9,17 @@
 //  partition_of(k)     : mix64(k ^ kPartitionSalt) % kNumPartitions
 //  shard_of(k, P)      : partition_of(k) % P
 // A fixed number of partitions lets a checkpoint written by P shards be loaded by P'.
+//
+// Tables.  Each named table keys both contracts by its salt, so that key k of two tables is
+// two rows on (usually) two shards:
+//  table_salt(name)    : 0 for kDefaultTable ("embedding", the one table of a job without a
+//                        job file: today's functions bit for bit), else mix64(fnv1a64(name))
+//  row_init(seed,salt,k,c,s) = row_init(seed ^ salt, k, c, s)
+//  partition_of(k,salt)      = partition_of(k ^ salt)
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace cpu_dist {
 
@@ -39,6 +47,30 @@ inline uint32_t partition_of(int64_t key) {
 
 inline uint32_t shard_of(int64_t key, uint32_t num_shards) {
   return partition_of(key) % num_shards;
+}
+
+inline constexpr std::string_view kDefaultTable = "embedding";
+
+inline constexpr uint64_t table_salt(std::string_view name) {
+  if (name == kDefaultTable) return 0;
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, 64 bit
+  for (char c : name) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return mix64(h);
+}
+
+inline float row_init(uint64_t seed, uint64_t salt, int64_t key, uint32_t column, float scale) {
+  return row_init(seed ^ salt, key, column, scale);
+}
+
+inline uint32_t partition_of(int64_t key, uint64_t salt) {
+  return partition_of(static_cast<int64_t>(static_cast<uint64_t>(key) ^ salt));
+}
+
+inline uint32_t shard_of(int64_t key, uint64_t salt, uint32_t num_shards) {
+  return partition_of(key, salt) % num_shards;
 }
 
 }  // namespace cpu_dist
