@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cpu_dist.common.contracts import default_init_scale
+from cpu_dist.common.tables import DEFAULT_LR, FROM_FLAGS, JobTables, flag_table
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TableConfig:
-    """How each PS shard keeps its rows (PS ranks of the job; external shards must agree)."""
+    """How each PS shard keeps its rows (PS ranks of the job; external shards must agree), and
+    the step rules of the flag-declared table (a job file's tables carry their own:
+    ``Config.tables``)."""
 
-    memory_rows: int = 0  # DRAM tier, rows per shard (0: unbounded)
-    ssd_dir: str | None = None  # RocksDB tier beyond memory_rows
+    memory_rows: int = 0  # DRAM tier, rows per shard (0: unbounded); one-table jobs only
+    ssd_dir: str | None = None  # RocksDB tier beyond the DRAM budget
     admit_after: int = 0  # a key's gradient is applied from the N-th step containing it
     expire_after: int = 0  # rows not updated for S steps are dropped (0: never)
+    # DRAM tier in bytes per shard, across all its tables (values, optimizer state, key and
+    # per-row metadata of each row; 0: unbounded)
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,8 @@ class TrainConfig:
     # (cpu_dist/data/run_length.py): file data without --max_step trains its --epochs.
     max_step: int = 300
     max_step_given: bool = False  # --max_step was on the command line
-    lr: float = 0.5
-    sparse_lr: float = 0.5
+    lr: float = DEFAULT_LR
+    sparse_lr: float = DEFAULT_LR
     dense_optimizer: str = "sgd"
     sparse_optimizer: str = "sgd"
     seed: int = 0
@@ -155,15 +161,40 @@ class Config:
     cache: CacheConfig | None = None
     checkpoint: CheckpointConfig = CheckpointConfig()
     output: OutputConfig = OutputConfig()
+    # The job's embedding tables (cpu_dist/common/tables.py), on every Config.  Left empty
+    # (the default) or fused, it is the one fused table "embedding" that the other sections'
+    # flags declare (derived again by dataclasses.replace, so it never disagrees with them);
+    # a job file's tables are kept as given.
+    tables: JobTables = FROM_FLAGS
+
+    def __post_init__(self) -> None:
+        if not self.tables.tables or self.tables.fused:
+            object.__setattr__(
+                self,
+                "tables",
+                flag_table(
+                    dim=self.model.embedding_dim,
+                    optimizer=self.train.sparse_optimizer,
+                    lr=self.train.sparse_lr,
+                    init_scale=self.model.init_scale,
+                    admit_after=self.table.admit_after,
+                    expire_after=self.table.expire_after,
+                ),
+            )
 
     def settings(self) -> dict[str, Any]:
         """Every setting as ``{"section.field": value}`` with JSON types (tuples as lists):
-        what a checkpoint manifest records and compares on resume."""
+        what a checkpoint manifest records and compares on resume.  The tables are
+        ``tables.fused`` and ``tables.tables`` (a list of ``JobTables.settings`` dicts)."""
         out: dict[str, Any] = {}
         for section in dataclasses.fields(self):
             value = getattr(self, section.name)
             if value is None:
                 out[section.name] = None
+                continue
+            if isinstance(value, JobTables):
+                out["tables.fused"] = value.fused
+                out["tables.tables"] = value.settings()
                 continue
             for f in dataclasses.fields(value):
                 v = getattr(value, f.name)
