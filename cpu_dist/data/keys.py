@@ -17,11 +17,18 @@ Two layouts exist because the two data sources differ:
   (:func:`criteo_hash_sizes`: TorchRec's ``--num-embeddings-per-feature`` and DLRM's
   ``--max-ind-range``); every reader fuses through :func:`fuse_criteo_columns`, so the TSV
   reader and the converted layout (which stores the raw 32-bit values) give the same keys.
+
+A job with a job file (``--config``) has named tables instead of the one fused table: each
+table's keys are its features' own ids, taken back out of the fused keys by
+:class:`TableKeySplit` (Criteo: the raw 32-bit value; synthetic: the fused key less the
+feature's offset), modulo the table's ``num_embeddings`` where that is > 0.  The default job
+keeps the fused keys as its one table ``embedding`` (today's bits).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -109,3 +116,117 @@ def fuse_criteo_columns(values: np.ndarray, hash_sizes: Sequence[int]) -> np.nda
         np.remainder(keys, sizes[None, :], out=keys)
     keys |= np.arange(sizes.size, dtype=np.int64)[None, :] << np.int64(CRITEO_FEATURE_SHIFT)
     return keys
+
+
+CRITEO_VALUE_MASK = np.int64((1 << CRITEO_FEATURE_SHIFT) - 1)
+
+
+class _TableLike(Protocol):
+    """What :meth:`TableKeySplit.for_tables` reads of a table (``common.tables.TableConfig``)."""
+
+    name: str
+    features: tuple[str, ...]
+    num_embeddings: int
+
+
+class TableKeySplit:
+    """Fused keys ``[B, F]`` -> ``{table: int64 [B, features of the table]}``, built once per job.
+
+    ``columns[t]``: the data's feature index of each of table t's features, in the table's
+    feature order (table t's keys column j is feature ``columns[t][j]``).  ``fused``: the one
+    table of a job without a job file, whose keys are the fused keys themselves (no copy).
+    ``offsets``: synthetic data's per-feature offsets (:func:`synthetic_offsets`); None for
+    Criteo layouts, whose ids are the low 32 bits of the fused key.
+    """
+
+    def __init__(
+        self,
+        columns: Mapping[str, Sequence[int]],
+        num_embeddings: Mapping[str, int] | None = None,
+        offsets: np.ndarray | None = None,
+        *,
+        fused: bool = False,
+    ) -> None:
+        if not columns:
+            raise ValueError("a job needs at least one table")
+        self.columns = {name: np.asarray(c, dtype=np.int64) for name, c in columns.items()}
+        self.num_embeddings = {name: int((num_embeddings or {}).get(name, 0)) for name in columns}
+        self.offsets = None if offsets is None else np.asarray(offsets, dtype=np.int64)
+        self.fused = fused
+        if fused and len(columns) != 1:
+            raise ValueError("a fused job has exactly one table")
+        seen: dict[int, str] = {}
+        for name, cols in self.columns.items():
+            if cols.ndim != 1 or cols.size == 0:
+                raise ValueError(f"table {name!r} has no features")
+            for c in cols.tolist():
+                if c in seen:
+                    raise ValueError(f"feature {c} is in tables {seen[c]!r} and {name!r}")
+                seen[c] = name
+            if self.num_embeddings[name] < 0:
+                raise ValueError(f"table {name!r}: num_embeddings must be >= 0")
+        self.num_features = len(seen)
+        if sorted(seen) != list(range(self.num_features)):
+            raise ValueError(f"the tables' features {sorted(seen)} are not 0..F-1")
+
+    @classmethod
+    def for_tables(
+        cls,
+        tables: Sequence[_TableLike],
+        feature_names: Sequence[str],
+        offsets: np.ndarray | None = None,
+        *,
+        fused: bool = False,
+    ) -> TableKeySplit:
+        """From the job's tables (their ``features`` by name) and the data's feature names."""
+        index = {n: i for i, n in enumerate(feature_names)}
+        columns: dict[str, list[int]] = {}
+        for t in tables:
+            missing = [f for f in t.features if f not in index]
+            if missing:
+                raise ValueError(
+                    f"table {t.name!r}: feature {missing[0]!r} is not a feature of the data "
+                    f"({', '.join(feature_names[:3])}, ...)"
+                )
+            columns[t.name] = [index[f] for f in t.features]
+        return cls(columns, {t.name: t.num_embeddings for t in tables}, offsets, fused=fused)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.columns)
+
+    def ids(self, keys: np.ndarray) -> np.ndarray:
+        """Every feature's own id ``[B, F]`` from fused keys (no table's modulo)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        if self.offsets is not None:
+            return keys - self.offsets[None, :]
+        return keys & CRITEO_VALUE_MASK
+
+    def __call__(self, keys: np.ndarray) -> dict[str, np.ndarray]:
+        keys = np.asarray(keys, dtype=np.int64)
+        if keys.ndim != 2 or keys.shape[1] != self.num_features:
+            raise ValueError(f"keys {keys.shape}: expected [B, {self.num_features}]")
+        if self.fused:
+            return {self.names[0]: keys}
+        ids = self.ids(keys)
+        out = {}
+        for name, cols in self.columns.items():
+            part = np.ascontiguousarray(ids[:, cols])
+            n = self.num_embeddings[name]
+            if n > 0:
+                np.remainder(part, np.int64(n), out=part)
+            out[name] = part
+        return out
+
+
+def table_keys(
+    keys: np.ndarray,
+    tables: Sequence[_TableLike],
+    feature_names: Sequence[str],
+    offsets: np.ndarray | None = None,
+    *,
+    fused: bool = False,
+) -> dict[str, np.ndarray]:
+    """One batch's fused keys ``[B, F]`` as each table's keys (see :class:`TableKeySplit`;
+    build that once where many batches are split)."""
+    return TableKeySplit.for_tables(tables, feature_names, offsets, fused=fused)(keys)

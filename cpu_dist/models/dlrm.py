@@ -16,6 +16,13 @@ The embedding is any module mapping keys ``[B, F]`` to ``[B, F, dim]``, so the s
 over the parameter server (:class:`ShardedEmbedding`) or a local ``nn.EmbeddingBag``. Dense
 parameters are ``bot.*`` and ``top.*``; :meth:`DLRM.dense_named_parameters` leaves out any
 parameters the embedding module has, since those are sparse state, not dense.
+
+Features of different widths (a job whose tables differ in ``dim``): the embedding yields a
+tuple of ``[B, d_f]`` vectors (``TableEmbedding``) and ``feature_dims`` names each feature's
+width; a feature narrower or wider than ``dim`` goes through a linear projection
+``proj.<f>`` (no bias) to ``dim`` before the interaction.  This is the stop-gap model for
+mixed widths until the models issue brings user models; with one width there is no
+projection and the parameters (and their seeded init) are today's.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class DLRM(nn.Module):
         dim: int,
         bot_mlp: Sequence[int],
         top_mlp: Sequence[int],
+        feature_dims: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         bot_mlp, top_mlp = list(bot_mlp), list(top_mlp)
@@ -74,6 +82,13 @@ class DLRM(nn.Module):
         self.register_buffer("_triu", torch.triu_indices(n, n, offset=1), persistent=False)
         self.top = _mlp(dim + n * (n - 1) // 2, top_mlp, last_activation=False)
         self._embedding_takes_rows = "rows" in inspect.signature(embedding.forward).parameters
+        widths = list(feature_dims) if feature_dims is not None else [dim] * num_sparse
+        if len(widths) != num_sparse or min(widths) <= 0:
+            raise ValueError(f"feature_dims {widths}: need {num_sparse} positive widths")
+        # After bot and top, so that their seeded init does not depend on the projections.
+        self.proj = nn.ModuleDict(
+            {str(f): nn.Linear(w, dim, bias=False) for f, w in enumerate(widths) if w != dim}
+        )
 
     def interact(self, bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """``[B, d]``, ``[B, F, d]`` -> ``[B, d + (F+1)F/2]``: bottom output, then the dots."""
@@ -94,9 +109,19 @@ class DLRM(nn.Module):
             emb = self.embedding(keys, rows=rows)
         else:
             emb = self.embedding(keys)
+        if isinstance(emb, (tuple, list)):  # features of several widths: project to dim
+            emb = torch.stack([self._project(f, e.to(dtype)) for f, e in enumerate(emb)], dim=1)
         if emb.dtype != dtype:
             emb = emb.to(dtype)
         return self.top(self.interact(bottom, emb)).squeeze(-1)
+
+    def _project(self, f: int, e: torch.Tensor) -> torch.Tensor:
+        proj = self.proj[str(f)] if str(f) in self.proj else None
+        if proj is None:
+            if e.shape[-1] != self.dim:
+                raise ValueError(f"feature {f} has width {e.shape[-1]}, the model expects it")
+            return e
+        return proj(e)
 
     def dense_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """The dense parameters with stable names (``bot.0.weight`` ...), embedding excluded."""
@@ -118,6 +143,7 @@ def build_dlrm(
     top_mlp: Sequence[int],
     seed: int,
     dtype: torch.dtype = torch.float32,
+    feature_dims: Sequence[int] | None = None,
 ) -> DLRM:
     """The one way the trainer and the reference build a DLRM, so their dense init is equal.
 
@@ -128,7 +154,7 @@ def build_dlrm(
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = DLRM(embedding, num_dense, num_sparse, dim, bot_mlp, top_mlp)
+        model = DLRM(embedding, num_dense, num_sparse, dim, bot_mlp, top_mlp, feature_dims)
     model.to(dtype)
     if isinstance(getattr(embedding, "dtype", None), torch.dtype):
         setattr(embedding, "dtype", dtype)  # noqa: B010 - a plain attribute, not a Module

@@ -9,6 +9,7 @@ exactly what autograd does for the indexing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -117,3 +118,131 @@ class ShardedEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, dtype={self.dtype}, store={type(self.store).__name__}"
+
+
+TableArrays = dict[str, np.ndarray]
+
+
+def features_in_order(
+    outputs: Sequence[torch.Tensor], columns: Sequence[Sequence[int]], num_features: int
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """Per-table outputs ``[B, F_t, d_t]`` (table t's column j is the data's feature
+    ``columns[t][j]``) -> the features in the data's order: ``[B, F, d]`` when every table has
+    the width d, else a tuple of ``F`` tensors ``[B, d_f]`` (a model that accepts mixed widths
+    projects them, :class:`cpu_dist.models.dlrm.DLRM`).  One table holding every feature in
+    order is returned as it is (the default job: no copy, today's bits)."""
+    if len(outputs) == 1 and list(columns[0]) == list(range(num_features)):
+        return outputs[0]
+    where: list[tuple[int, int]] = [(-1, -1)] * num_features
+    for t, cols in enumerate(columns):
+        for j, f in enumerate(cols):
+            where[f] = (t, j)
+    if len({int(o.shape[-1]) for o in outputs}) == 1:
+        flat = torch.cat(list(outputs), dim=1)  # [B, sum F_t, d] in table order
+        start = np.cumsum([0] + [len(c) for c in columns])[:-1]
+        order = torch.tensor([int(start[t]) + j for t, j in where], dtype=torch.int64)
+        return flat.index_select(1, order)
+    return tuple(outputs[t][:, j] for t, j in where)
+
+
+class TableEmbedding(nn.Module):
+    """The embedding of a job's tables: per-table keys ``{name: [B, F_t]}`` and per-table rows
+    of their unique keys -> the features' vectors in the data's feature order
+    (:func:`features_in_order`), so that a model is the same whether its features share one
+    fused table or have a table each.
+
+    ``tables``: ``(name, dim, columns)`` per table in the job's table order (``columns``: the
+    data's feature index of each of the table's features).  Each table is a
+    :class:`ShardedEmbedding` whose rows the caller passes (the step pipelines pull every
+    table in one request per shard); ``store``, if given, serves forwards without rows.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[tuple[str, int, Sequence[int]]],
+        num_features: int,
+        store: TableStore | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("need at least one table")
+        self.names = tuple(t[0] for t in tables)
+        self.dims = {t[0]: int(t[1]) for t in tables}
+        self.columns = [list(t[2]) for t in tables]
+        self.num_features = int(num_features)
+        self._store = store
+        self.tables = {
+            name: ShardedEmbedding(_OneOf(store, name), dim, dtype) for name, dim, _ in tables
+        }
+        self.feature_dims = [0] * self.num_features
+        for (_, dim, _), cols in zip(tables, self.columns):
+            for f in cols:
+                self.feature_dims[f] = int(dim)
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @dtype.setter
+    def dtype(self, dtype: torch.dtype) -> None:  # build_dlrm sets the model's compute dtype
+        self._dtype = dtype
+        for t in self.tables.values():
+            t.dtype = dtype
+
+    @staticmethod
+    def plan_keys(keys: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`ShardedEmbedding.plan_keys` per table (a loader thread's work)."""
+        return {name: ShardedEmbedding.plan_keys(k) for name, k in keys.items()}
+
+    def use_plan(
+        self,
+        keys: Mapping[str, torch.Tensor],
+        plan: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    ) -> TableArrays:
+        """Each table's sorted unique keys, from plans made ahead for these very tensors."""
+        return {name: self.tables[name].use_plan(keys[name], plan[name]) for name in self.names}
+
+    def unique_keys(self, keys: Mapping[str, torch.Tensor | np.ndarray]) -> TableArrays:
+        return {name: self.tables[name].unique_keys(keys[name]) for name in self.names}
+
+    def forward(
+        self,
+        keys: Mapping[str, torch.Tensor],
+        rows: Mapping[str, torch.Tensor | np.ndarray] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        outs = [
+            self.tables[name](keys[name], None if rows is None else rows[name])
+            for name in self.names
+        ]
+        return features_in_order(outs, self.columns, self.num_features)
+
+    def sparse_grads(self) -> tuple[TableArrays, TableArrays]:
+        """``({table: unique keys}, {table: float32 grads [u, dim]})`` of the last forward."""
+        keys: TableArrays = {}
+        grads: TableArrays = {}
+        for name in self.names:
+            keys[name], grads[name] = self.tables[name].sparse_grads()
+        return keys, grads
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{n}: dim={self.dims[n]}" for n in self.names)
+
+
+class TableStore(Protocol):
+    """Rows of several tables' keys: ``cpu_dist.sparse.Client.pull_tables`` or a test's."""
+
+    def pull_tables(self, parts: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]: ...
+
+
+class _OneOf:
+    """One table of a :class:`TableStore`, as a :class:`RowStore`."""
+
+    def __init__(self, store: TableStore | None, name: str) -> None:
+        self.store, self.name = store, name
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        if self.store is None:
+            raise RuntimeError(f"table {self.name!r}: no store to pull from; pass the rows")
+        return np.asarray(self.store.pull_tables({self.name: keys})[self.name])

@@ -259,3 +259,73 @@ def test_rules_off_keep_every_row_that_was_trained():
     rules = TableRules(3)
     assert rules.admitted(0, np.array([0, 2])).all()
     assert rules.expired(50).tolist() == [] and rules.held.tolist() == [True, False, True]
+
+
+def _spec(name, dim=DIM, optimizer="sgd", **kw):
+    spec = dict(
+        name=name,
+        dim=dim,
+        optimizer=optimizer,
+        init_scale=0.5,
+        seed=5,
+        num_embeddings=0,
+        admit_after=0,
+        expire_after=0,
+        eps=1e-8 if optimizer == "adagrad" else 0.0,
+    )
+    spec.update(kw)
+    return spec
+
+
+def _tables_run(batches, steps, tables, columns, **kw):
+    from cpu_dist.data.keys import TableKeySplit
+
+    split = TableKeySplit(columns, offsets=np.zeros(NS, np.int64))  # ids = the list's keys
+    return _run(
+        batches,
+        steps,
+        lr=0.2,
+        sparse_lr=None,
+        dense_optimizer="sgd",
+        sparse_optimizer="sgd",
+        tables=tables,
+        split=split,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("sparse_opt", ["sgd", "rowwise_adagrad"])
+def test_one_named_table_of_every_feature_is_the_fused_reference(sparse_opt):
+    """Through the tables path (split, features reordered back from the table's order), the
+    table named like the default one holds the same rows and trains the same bits."""
+    from cpu_dist.train.reference import ReferenceTable
+
+    batches = _batches()
+    want = _run(
+        batches, 3, lr=0.2, sparse_lr=0.3, dense_optimizer="sgd", sparse_optimizer=sparse_opt
+    )
+    table = ReferenceTable(_spec("embedding", optimizer=sparse_opt), 0.3)
+    got = _tables_run(batches, 3, [table], {"embedding": [1, 0]})
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_tables_have_their_own_salted_rows_widths_and_optimizers():
+    from cpu_dist.train.reference import ReferenceTable
+
+    batches = _batches()
+    tables = [
+        ReferenceTable(_spec("a", dim=2, optimizer="rowwise_adagrad", seed=9), 0.1),
+        ReferenceTable(_spec("b", dim=5, init_scale=0.25), 0.4),
+    ]
+    first = _tables_run(batches, 1, tables, {"a": [0], "b": [1]})
+    assert first["table/a/values"].shape == (len(np.unique(batches[0].keys[:, 0])), 2)
+    np.testing.assert_array_equal(first["table/b/keys"], np.unique(batches[0].keys[:, 1]))
+    # one SGD step moved table b's rows away from their salted first-touch values by lr * g
+    b_keys = first["table/b/keys"]
+    moved = first["table/b/values"] - row_init(5, b_keys, 5, 0.25, "b")
+    assert np.all(np.abs(moved).max(axis=1) > 1e-5)
+    assert np.all(np.abs(moved).max(axis=1) < 0.4)
+    # the model projects the mixed widths: proj.<f> for both features
+    assert {"dense/proj.0.weight", "dense/proj.1.weight"} <= set(first)
