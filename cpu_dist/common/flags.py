@@ -25,10 +25,19 @@ from cpu_dist.common.config import (
     TableConfig,
     TrainConfig,
 )
+from cpu_dist.common.job_file import JobFileError, apply_job_defaults
+from cpu_dist.common.tables import OPTIMIZERS
 
 
 def _add_job_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("job layout")
+    g.add_argument(
+        "--config",
+        default=None,
+        metavar="JOB.toml",
+        help="job file: the job's [[tables]] and any other flag in [job] (with underscores: "
+        "batch_size = 4096); a flag on the command line beats the file",
+    )
     g.add_argument(
         "--worker-num",
         "--worker_num",
@@ -207,7 +216,9 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--sparse-optimizer",
         default=TrainConfig.sparse_optimizer,
-        choices=["sgd", "rowwise_adagrad"],
+        choices=list(OPTIMIZERS),
+        help="the table optimizer (adagrad: element-wise, with each table's eps); with a job "
+        "file, the default of tables that name none",
     )
     t.add_argument("--seed", type=int, default=TrainConfig.seed)
     t.add_argument(
@@ -277,6 +288,20 @@ def add_table_flags(
         default=TableConfig.expire_after,
         metavar="S",
         help="when step t commits, rows last updated at t-S or earlier are dropped (0: off)",
+    )
+
+
+def _add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """The DRAM budget in bytes, across every table of a shard (the launcher's PS ranks)."""
+    g = p.add_argument_group("PS memory")
+    g.add_argument(
+        "--ps-memory-bytes",
+        type=int,
+        default=TableConfig.memory_bytes,
+        metavar="BYTES",
+        help="DRAM each PS rank's shard keeps for rows, across all its tables (values, "
+        "optimizer state, key and per-row metadata; 0: no bound); beyond it rows go to "
+        "--ps-ssd-dir",
     )
 
 
@@ -372,7 +397,8 @@ def _add_checkpoint_and_output_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--dump-state",
         default=None,
-        help=".npz with dense/<name>, sparse_keys, sparse_values at the end",
+        help=".npz at the end: dense/<name>, and per table table/<name>/keys (int64, sorted) "
+        "and table/<name>/values (float32 [n, dim])",
     )
     o.add_argument(
         "--export",
@@ -397,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(p)
     _add_train_flags(p)
     add_table_flags(p)
+    _add_memory_flags(p)
     _add_cache_flags(p)
     _add_checkpoint_and_output_flags(p)
     return p
@@ -444,9 +471,18 @@ def given_flags(argv: Sequence[str] | None) -> frozenset[str]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The parsed flags, with ``given`` (the dests the command line named) beside them."""
-    args = build_parser().parse_args(argv)
+    """The parsed flags, with ``given`` (the dests the command line named) and ``job_file``
+    (the ``--config`` file read, or None) beside them.  A job file's ``[job]`` values are the
+    parser's defaults, so the command line beats them; a bad job file ends the parse as a bad
+    flag does (one ``launcher.py: error:`` line, exit 2)."""
+    p = build_parser()
+    try:
+        job_file = apply_job_defaults(p, argv)
+    except JobFileError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
+    args = p.parse_args(argv)
     args.given = given_flags(argv)
+    args.job_file = job_file
     return args
 
 
@@ -464,6 +500,7 @@ _FLAG_OF_SETTING = {
     "client.rpc_timeout_s": "--rpc-timeout",
     "client.compression": "--ps-compression",
     "table.memory_rows": "--ps-memory-rows",
+    "table.memory_bytes": "--ps-memory-bytes",
     "table.ssd_dir": "--ps-ssd-dir",
     "table.admit_after": "--ps-admit-after",
     "table.expire_after": "--ps-expire-after",

@@ -35,6 +35,8 @@ from cpu_dist.common.files import (
     manifest_format,
 )
 from cpu_dist.common.flags import launch_rank
+from cpu_dist.common.job_file import JobFileError, TableDefaults, job_tables, read_job_file
+from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
 
 
 class ConfigError(ValueError):
@@ -114,22 +116,34 @@ def _job(a: argparse.Namespace, world_size: int) -> JobConfig:
     )
 
 
-def _model(a: argparse.Namespace) -> ModelConfig:
+def _model(a: argparse.Namespace, tables: JobTables | None) -> ModelConfig:
+    """With a job file whose tables share one width, that width is the model's (the bottom
+    MLP's default end, the dot interaction's); --embedding-dim is then only the default of
+    tables that omit ``dim``."""
     dim = a.embedding_dim
     if dim <= 0:
         raise ConfigError(f"--embedding-dim {dim}: must be positive")
+    if tables is not None and tables.uniform_dim is not None:
+        dim = tables.uniform_dim
     bot_spec = a.arch_mlp_bot if a.arch_mlp_bot is not None else f"512-256-{dim}"
     bot = mlp_widths(bot_spec, "--arch-mlp-bot")
     top = mlp_widths(a.arch_mlp_top, "--arch-mlp-top")
     if bot[-1] != dim:
+        width = (
+            f"the tables' dim {dim} (--config {tables.source})"
+            if tables is not None and tables.uniform_dim is not None
+            else f"--embedding-dim {dim}"
+        )
         raise ConfigError(
-            f"--arch-mlp-bot {bot_spec} must end with --embedding-dim {dim} "
+            f"--arch-mlp-bot {bot_spec} must end with {width} "
             "(the dot interaction needs equal widths)"
         )
     if top[-1] != 1:
         raise ConfigError(f"--arch-mlp-top {a.arch_mlp_top} must end with 1 (one logit)")
     _positive(a.init_scale, "--init-scale")
     scale = a.init_scale if a.init_scale is not None else default_init_scale(dim)
+    if tables is not None and len({t.init_scale for t in tables.tables}) == 1:
+        scale = tables.tables[0].init_scale
     return ModelConfig(dim, bot, top, a.dtype, scale)
 
 
@@ -272,27 +286,101 @@ def _client(a: argparse.Namespace) -> ClientConfig:
     )
 
 
-def _table(a: argparse.Namespace) -> TableConfig:
+def job_file_tables(a: argparse.Namespace, train: TrainConfig) -> JobTables | None:
+    """The tables of the ``--config`` job file (None: no job file, or one without
+    ``[[tables]]``: the flags declare the one table).  A table that omits a key takes the
+    flags' value (``--embedding-dim``, ``--sparse-optimizer``, ``--sparse-lr``,
+    ``--init-scale``, ``--ps-admit-after``, ``--ps-expire-after``)."""
+    path = getattr(a, "config", None)
+    if not path:
+        return None
     for flag, value in (
-        ("--ps-memory-rows", a.ps_memory_rows),
+        ("--num-embeddings-per-feature", a.num_embeddings_per_feature),
+        ("--max-ind-range", a.max_ind_range),
+    ):
+        if value is not None:
+            raise ConfigError(
+                f"{flag}: refused beside a job file (--config {path}): give each table its "
+                "num_embeddings"
+            )
+    for flag, value in (
         ("--ps-admit-after", a.ps_admit_after),
         ("--ps-expire-after", a.ps_expire_after),
     ):
         if value < 0:
             raise ConfigError(f"{flag} {value}: must be >= 0")
-    if a.ps_ssd_dir and not a.ps_memory_rows:
-        raise ConfigError(
-            "--ps-ssd-dir needs --ps-memory-rows N (the rows each shard keeps in DRAM)"
+    try:
+        job_file = getattr(a, "job_file", None) or read_job_file(path)
+        return job_tables(
+            job_file,
+            TableDefaults(
+                dim=a.embedding_dim,
+                optimizer=a.sparse_optimizer,
+                lr=train.sparse_lr,
+                init_scale=a.init_scale,
+                admit_after=a.ps_admit_after,
+                expire_after=a.ps_expire_after,
+            ),
+            CATEGORICAL_FEATURES,  # every data kind's: Criteo's and the synthetic stream's
+            a.data,
         )
-    return TableConfig(a.ps_memory_rows, a.ps_ssd_dir, a.ps_admit_after, a.ps_expire_after)
+    except JobFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def _cache(a: argparse.Namespace, train: TrainConfig) -> CacheConfig | None:
+def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
+    for flag, value in (
+        ("--ps-memory-rows", a.ps_memory_rows),
+        ("--ps-memory-bytes", a.ps_memory_bytes),
+        ("--ps-admit-after", a.ps_admit_after),
+        ("--ps-expire-after", a.ps_expire_after),
+    ):
+        if value < 0:
+            raise ConfigError(f"{flag} {value}: must be >= 0")
+    if a.ps_memory_rows and a.ps_memory_bytes:
+        raise ConfigError(
+            "--ps-memory-rows and --ps-memory-bytes: give one DRAM budget (bytes count every "
+            "row's values, state, key and metadata, whatever its table's width)"
+        )
+    if tables is not None and len(tables.tables) > 1 and a.ps_memory_rows:
+        raise ConfigError(
+            f"--ps-memory-rows with {len(tables.tables)} tables (--config {tables.source}): "
+            "rows of different widths cost different memory; give the budget in bytes, "
+            "--ps-memory-bytes N"
+        )
+    if a.ps_ssd_dir and not (a.ps_memory_rows or a.ps_memory_bytes):
+        raise ConfigError(
+            "--ps-ssd-dir needs a DRAM budget: --ps-memory-bytes N (or, for one table, "
+            "--ps-memory-rows N)"
+        )
+    return TableConfig(
+        a.ps_memory_rows, a.ps_ssd_dir, a.ps_admit_after, a.ps_expire_after, a.ps_memory_bytes
+    )
+
+
+def _cache(
+    a: argparse.Namespace, train: TrainConfig, tables: JobTables | None
+) -> CacheConfig | None:
     """The cache stage reproduces the PS's SGD on cached rows: only what it can mirror."""
     if a.read_mode != "bagpipe":
         if a.optimization_prescan:
             raise ConfigError("--optimization-prescan needs --read-mode bagpipe")
         return None
+    if tables is not None and len(tables.tables) > 1:
+        raise ConfigError(
+            f"--read-mode bagpipe with {len(tables.tables)} tables (--config {tables.source}): "
+            "the cache stage serves one table for now (a later version makes it per table); "
+            "drop --read-mode bagpipe or declare one table"
+        )
+    if tables is not None:
+        (t,) = tables.tables
+        if t.optimizer != "sgd" or t.has_rules:
+            raise ConfigError(
+                f'--read-mode bagpipe: table "{t.name}" (--config {tables.source}) has '
+                f"optimizer {t.optimizer}, admit_after {t.admit_after}, expire_after "
+                f"{t.expire_after}: the cache mirrors plain SGD on every gradient only "
+                "(optimizer sgd, no admission or expiry)"
+            )
     if a.optimization_cache_capacity <= 0:
         raise ConfigError(
             f"--optimization-cache-capacity {a.optimization_cache_capacity}: "
@@ -452,6 +540,7 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
         ("ps_interface", external, "--ps-interface", "PS ranks in the job"),
         ("session_idle_timeout", external, "--session-idle-timeout", "PS ranks in the job"),
         ("ps_memory_rows", external, "--ps-memory-rows", "PS ranks in the job"),
+        ("ps_memory_bytes", external, "--ps-memory-bytes", "PS ranks in the job"),
         ("ps_ssd_dir", external, "--ps-ssd-dir", "PS ranks in the job"),
         (
             "optimization_plan_window",
@@ -478,16 +567,19 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
     job = _job(args, world_size)
     train = _train(args, job.worker_num)
     check_outputs(args)
+    tables = job_file_tables(args, train)  # first: it refuses the hashing flags beside it
+    data = data_config(args)
     config = Config(
         job=job,
-        model=_model(args),
+        model=_model(args, tables),
         train=train,
-        data=data_config(args),
+        data=data,
         client=_client(args),
-        table=_table(args),
-        cache=_cache(args, train),
+        table=_table(args, tables),
+        cache=_cache(args, train, tables),
         checkpoint=_checkpoint(args),
         output=_output(args),
+        tables=tables if tables is not None else FROM_FLAGS,
     )
     if launch_rank() == 0:  # every rank reaches the same verdict; rank 0 speaks for all
         for warning in ineffective_flags(args, job):

@@ -79,3 +79,250 @@ def test_job_tables_refuse_a_shared_feature_and_a_duplicate_name():
         JobTables((a, TableConfig("a", 4, ("cat_1",))))
     with pytest.raises(KeyError, match="no table named 'c'"):
         JobTables((a,)).by_name("c")
+
+
+# --- the job file -------------------------------------------------------------------------
+
+ALL = [f"cat_{i}" for i in range(26)]
+
+
+def toml_tables(*tables: dict) -> str:
+    """[[tables]] entries as TOML text (values through repr: str, int, float, list)."""
+
+    def value(v):
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, str):
+            return '"' + v + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    out = []
+    for t in tables:
+        out.append("[[tables]]")
+        out += [f"{k} = {value(v)}" for k, v in t.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def two_tables(**first) -> str:
+    return toml_tables(
+        {"name": "a", "features": ALL[:2], **first}, {"name": "b", "features": ALL[2:]}
+    )
+
+
+@pytest.fixture
+def job(tmp_path):
+    """Write a job file and return the validated Config of ``--config FILE *argv``."""
+
+    def make(text: str, *argv: str, world: int = 3):
+        path = tmp_path / "job.toml"
+        path.write_text(text)
+        return validate(parse_args(["--config", str(path), *argv]), world)
+
+    return make
+
+
+@pytest.fixture
+def refused(job, tmp_path, capsys):
+    """The one error message a job file gets (from validate, or from the parse)."""
+
+    def check(text: str, *argv: str) -> str:
+        from cpu_dist.common.validate import ConfigError
+
+        try:
+            job(text, *argv)
+        except ConfigError as exc:
+            message = str(exc)
+        except SystemExit as exc:
+            assert exc.code == 2
+            message = capsys.readouterr().err.strip()
+        else:
+            raise AssertionError("the job file was accepted")
+        assert str(tmp_path / "job.toml") in message or "--config" in message
+        return message
+
+    return check
+
+
+def test_a_job_file_declares_tables_whose_omitted_keys_come_from_the_flags(job):
+    cfg = job(
+        two_tables(dim=8, optimizer="adagrad", lr=0.05, init_scale=0.3, eps=1e-6, admit_after=2)
+        + "\n",
+        "--embedding-dim",
+        "8",
+        "--sparse-optimizer",
+        "rowwise_adagrad",
+        "--sparse-lr",
+        "0.2",
+        "--ps-expire-after",
+        "9",
+    )
+    a, b = cfg.tables.tables
+    assert not cfg.tables.fused and cfg.tables.names == ("a", "b")
+    assert (a.dim, a.optimizer, a.lr, a.init_scale, a.eps, a.admit_after, a.expire_after) == (
+        8,
+        "adagrad",
+        0.05,
+        0.3,
+        1e-6,
+        2,
+        9,
+    )
+    # b omits every key: the flags' values, init scale from its own width
+    assert (b.dim, b.optimizer, b.lr, b.init_scale, b.admit_after, b.expire_after) == (
+        8,
+        "rowwise_adagrad",
+        0.2,
+        default_init_scale(8),
+        0,
+        9,
+    )
+    assert cfg.tables.table_of("cat_1") is a and cfg.tables.columns("b") == tuple(range(2, 26))
+    assert cfg.model.embedding_dim == 8 and cfg.model.bot_mlp[-1] == 8
+
+
+def test_a_table_s_own_keys_are_never_overridden_by_a_flag(job):
+    cfg = job(
+        two_tables(dim=16, lr=0.05, init_scale=0.3),
+        "--embedding-dim",
+        "16",
+        "--init-scale",
+        "0.9",
+        "--sparse-lr",
+        "0.7",
+    )
+    a, b = cfg.tables.tables
+    assert (a.lr, a.init_scale) == (0.05, 0.3) and (b.lr, b.init_scale) == (0.7, 0.9)
+
+
+def test_precedence_command_line_over_file_over_default(job):
+    text = (
+        '[job]\nbatch_size = 512\nmax_step = 7\nsparse_sync = "barrier"\nshuffle = false\n\n'
+        + two_tables()
+    )
+    cfg = job(text, "--max_step", "9")
+    assert cfg.train.batch_size == 512  # the file's, over the default 2048
+    assert cfg.train.max_step == 9 and cfg.train.max_step_given  # the command line's
+    assert cfg.train.sparse_sync == "barrier"
+    assert cfg.train.lr == 0.5  # neither: the default
+
+
+def test_job_values_may_be_arrays_where_the_flag_takes_a_list(job):
+    cfg = job("[job]\narch_mlp_bot = [32, 64]\n" + two_tables(), "--embedding-dim", "64")
+    assert cfg.model.bot_mlp == (32, 64)
+
+
+def test_a_file_without_tables_keeps_the_flags_one_fused_table(job):
+    cfg = job("[job]\nembedding_dim = 16\n")
+    assert cfg.tables.fused and cfg.tables.tables[0].dim == 16
+
+
+def test_the_criteo_example_has_kaggle_s_26_cardinalities(tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "criteo_tables.toml"
+    cfg = validate(parse_args(["--config", str(example)]), 3)
+    kaggle = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194]
+    kaggle += [27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+    assert cfg.tables.names == tuple(ALL)
+    assert [t.num_embeddings for t in cfg.tables.tables] == kaggle
+    assert {t.dim for t in cfg.tables.tables} == {64} and cfg.model.bot_mlp == (512, 256, 64)
+    assert all(t.features == (t.name,) for t in cfg.tables.tables)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (two_tables(dims=8), ['"a"', "unknown key 'dims'"]),
+        (
+            toml_tables({"name": "a"}, {"name": "b", "features": ALL}),
+            ['"a"', "features", "missing"],
+        ),
+        (
+            toml_tables({"name": "a", "features": []}, {"name": "b", "features": ALL}),
+            ['"a"', "features"],
+        ),
+        (
+            toml_tables({"name": "a", "features": ALL[:2]}, {"name": "a", "features": ALL[2:]}),
+            ['"a"', "name", "another table"],
+        ),
+        (
+            toml_tables({"name": "a", "features": ALL[:3]}, {"name": "b", "features": ALL[2:]}),
+            ['"b"', "features", "'cat_2' is already in table \"a\""],
+        ),
+        (
+            toml_tables({"name": "a", "features": ALL[:2]}, {"name": "b", "features": ALL[3:]}),
+            ["features", "'cat_2'", "in no table"],
+        ),
+        (
+            toml_tables({"name": "a", "features": [*ALL, "item_id"]}),
+            ['"a"', "features", "'item_id' is not a feature"],
+        ),
+        (toml_tables({"features": ALL}), ["entry 1", "name", "missing"]),
+        (toml_tables({"name": "../x", "features": ALL}), ["name", "'../x'"]),
+        (two_tables(dim="8"), ['"a"', "dim", "expected an integer"]),
+        (two_tables(dim=0), ['"a"', "dim 0", "must be in"]),
+        (two_tables(optimizer="adam"), ['"a"', "optimizer 'adam'", "must be one of"]),
+        (two_tables(lr=-1.0), ['"a"', "lr -1.0", "positive"]),
+        (two_tables(init_scale=True), ['"a"', "init_scale", "expected a number"]),
+        (two_tables(admit_after=-2), ['"a"', "admit_after -2"]),
+        (two_tables(num_embeddings=1.5), ['"a"', "num_embeddings", "expected an integer"]),
+        (two_tables(eps=1e-6), ['"a"', "eps", "only the adagrad optimizer"]),
+        (two_tables(pooling="max"), ['"a"', "pooling 'max'"]),
+        ("[job]\nbatch_sise = 4\n", ["[job] batch_sise", "unknown key", "not a flag"]),
+        (
+            '[job]\nbatch_size = "4096"\n',
+            ["[job] batch_size", "--batch-size", "expected an integer"],
+        ),
+        ("[job]\nlr = true\n", ["[job] lr", "expected a number"]),
+        ("[job]\nshuffle = 1\n", ["[job] shuffle", "expected true or false"]),
+        ('[job]\nsparse_sync = "never"\n', ["[job] sparse_sync", "'never' is not one of"]),
+        ("[job]\nmax_ind_range = 10\n", ["[job] max_ind_range", "num_embeddings"]),
+        ('[job]\nconfig = "other.toml"\n', ["[job] config"]),
+        ("[model]\nbot_mlp = [1]\n", ["[model] bot_mlp", "unknown key"]),
+        ('[data]\nkind = "criteo"\n', ["[data] kind", "unknown key"]),
+        ("[jobs]\nx = 1\n", ["unknown key 'jobs'"]),
+        ("[[tables]\n", ["not valid TOML"]),
+    ],
+)
+def test_a_bad_job_file_is_refused_naming_the_file_table_and_key(refused, text, words):
+    message = refused(text)
+    for w in words:
+        assert w in message, (w, message)
+
+
+def test_criteo_hashing_flags_are_refused_beside_a_job_file(refused):
+    for flag in (["--max-ind-range", "10"], ["--num-embeddings-per-feature", ",".join(["5"] * 26)]):
+        message = refused(two_tables(), "--data", "synthetic", *flag)
+        assert flag[0] in message and "num_embeddings" in message
+
+
+def test_a_missing_job_file_is_named(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--config", "/nonexistent/job.toml"])
+    assert info.value.code == 2
+    assert "--config /nonexistent/job.toml: no such file" in capsys.readouterr().err
+
+
+def test_multi_table_jobs_refuse_the_cache_stage_and_a_row_budget(refused, job):
+    assert "the cache stage serves one table" in refused(two_tables(), "--read-mode", "bagpipe")
+    assert "--ps-memory-bytes" in refused(two_tables(), "--ps-memory-rows", "100")
+    cfg = job(two_tables(), "--ps-memory-bytes", "1000000")
+    assert cfg.table.memory_bytes == 1000000 and cfg.table.memory_rows == 0
+
+
+def test_one_table_file_with_an_adaptive_optimizer_refuses_the_cache(refused):
+    message = refused(
+        toml_tables({"name": "t", "features": ALL, "optimizer": "adagrad"}),
+        "--read-mode",
+        "bagpipe",
+    )
+    assert '"t"' in message and "adagrad" in message
+
+
+def test_adagrad_is_a_sparse_optimizer_flag():
+    cfg = validate(parse_args(["--sparse-optimizer", "adagrad"]), 3)
+    assert cfg.train.sparse_optimizer == "adagrad" and cfg.tables.tables[0].optimizer == "adagrad"
+    assert cfg.tables.specs(0)[0]["eps"] == 1e-8
