@@ -10,7 +10,9 @@ and ``scripts/plot_metrics.py`` can plot a run that is still going):
 - eval lines: ``step``, ``eval_auc``, ``eval_logloss``;
 - a test line at the end where the data has a test split (``--test-batches``): ``step``,
   ``test_auc``, ``test_logloss``;
-- a final ``{"summary": {...}}`` line.
+- a final ``{"summary": {...}}`` line; its ``tables`` object holds each embedding table's
+  figures summed over the shards (:data:`TABLE_FIGURES`, :func:`per_table_figures`) beside the
+  ``ps_*`` totals.
 """
 
 from __future__ import annotations
@@ -192,16 +194,40 @@ def format_table(
     return "\n".join(lines)
 
 
+# Each table's figures in the summary's ``tables`` object (from each shard's Stats ``tables``).
+TABLE_FIGURES = ("rows", "rows_dram", "rows_ssd", "rows_admitted", "rows_expired", "bytes")
+
+
+def per_table_figures(shard_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """``{table: {"dim", "rows", "rows_dram", ...}}``: each table's figures summed over the
+    shards, tables in name order (as the shards list them); empty when the shards report no
+    tables."""
+    out: dict[str, dict[str, int]] = {}
+    for stats in shard_stats:
+        for t in stats.get("tables", ()) or ():
+            row = out.setdefault(
+                str(t["name"]), {"dim": int(t.get("dim", 0)), **dict.fromkeys(TABLE_FIGURES, 0)}
+            )
+            for key in TABLE_FIGURES:
+                row[key] += int(t.get(key, 0))
+    return dict(sorted(out.items()))
+
+
 def table_figures(shard_stats: Sequence[Mapping[str, Any]], tiered: bool, rules: bool) -> dict:
-    """The PS table at the end of a run, summed over shards: its rows, and where the job set
-    them, the tiers' split (``--ps-memory-rows``/``--ps-ssd-dir``) and the step rules'
-    counters (``--ps-admit-after``/``--ps-expire-after``)."""
+    """The PS tables at the end of a run, summed over shards: their rows, and where the job
+    set them, the tiers' split (``--ps-memory-rows``/``--ps-memory-bytes``/``--ps-ssd-dir``)
+    and the step rules' counters (``--ps-admit-after``/``--ps-expire-after``); and ``tables``,
+    each table's own figures (:func:`per_table_figures`), for every job."""
     names = ["rows"]
     if tiered:
         names += ["rows_dram", "rows_ssd", "ssd_bytes", "rows_read_ssd"]
     if rules:
         names += ["rows_admitted", "rows_expired", "pending_counts"]
-    return {f"ps_{n}": sum(int(s.get(n, 0)) for s in shard_stats) for n in names}
+    out: dict[str, Any] = {f"ps_{n}": sum(int(s.get(n, 0)) for s in shard_stats) for n in names}
+    tables = per_table_figures(shard_stats)
+    if tables:
+        out["tables"] = tables
+    return out
 
 
 def reduction(key: str) -> str:
@@ -246,6 +272,12 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     plain = [(k, v) for k, v in summary.items() if not phase(k) and not isinstance(v, Mapping)]
     phases = [(k[2:], float(v)) for k, v in summary.items() if phase(k)]
     out = [format_table(plain, ("metric", "value"))]
+    tables = summary.get("tables")
+    if isinstance(tables, Mapping) and tables:
+        rows = [
+            (name, *(t.get(k, 0) for k in ("dim", *TABLE_FIGURES))) for name, t in tables.items()
+        ]
+        out.append(format_table(rows, ("table", "dim", *TABLE_FIGURES)))
     if phases:
         total = sum(v for _, v in phases) or 1.0
         rows = [(name, secs, f"{100.0 * secs / total:.1f}%") for name, secs in phases]

@@ -127,3 +127,31 @@ def test_the_phase_table_keeps_worker_0s_phases():
     phase_rows = text.split("\n\n")[1]
     assert "forward" in phase_rows and "forward_mean" not in phase_rows
     assert "t_forward_mean" in text.split("\n\n")[0]
+
+
+def test_the_summary_has_each_table_s_figures_summed_over_shards_beside_the_totals():
+    def table(name, dim, rows, **more):
+        return {
+            "name": name,
+            "dim": dim,
+            "rows": rows,
+            "rows_dram": rows,
+            "bytes": 10 * rows,
+            **more,
+        }
+
+    shards = [
+        {"rows": 5, "tables": [table("a", 4, 2, rows_expired=1), table("b", 16, 3)]},
+        {"rows": 7, "tables": [table("a", 4, 6, rows_admitted=2), table("b", 16, 1)]},
+    ]
+    got = metrics.table_figures(shards, tiered=False, rules=False)
+    assert got["ps_rows"] == 12
+    assert got["tables"] == {
+        "a": {"dim": 4, "rows": 8, "rows_dram": 8, "rows_ssd": 0, "rows_admitted": 2,
+              "rows_expired": 1, "bytes": 80},
+        "b": {"dim": 16, "rows": 4, "rows_dram": 4, "rows_ssd": 0, "rows_admitted": 0,
+              "rows_expired": 0, "bytes": 40},
+    }  # fmt: skip
+    printed = metrics.summary_table({"steps": 3, **got})
+    assert "rows_admitted" in printed and printed.splitlines()[-1].split()[:3] == ["b", "16", "4"]
+    assert "tables" not in metrics.table_figures([{"rows": 1}], tiered=False, rules=False)
