@@ -13,6 +13,44 @@ from cpu_dist.sparse import Server
 WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 
 
+def _tables(cfg: Config) -> tuple[int, dict[str, Any]]:
+    """The shard's tables: ``(dim, keywords)`` for ``Server``.  A job without a job file keeps
+    today's one table, declared by its keywords (its optimizer fixed by the first update, as
+    ever); a job file's tables are given as specs (``tables=``), and the shard holds those."""
+    if not cfg.tables.fused:
+        return 0, {"tables": cfg.tables.specs(cfg.train.seed)}
+    t = cfg.table
+    rules = {
+        k: v
+        for k, v in (
+            ("admit_after", t.admit_after if t.admit_after > 1 else 0),  # 0 and 1: off
+            ("expire_after", t.expire_after),
+        )
+        if v  # only when set: a shard's defaults are off
+    }
+    return cfg.model.embedding_dim, {
+        "init_scale": cfg.model.init_scale,
+        "table": TABLE,
+        "seed": cfg.train.seed,
+        **rules,
+    }
+
+
+def _tiers(cfg: Config) -> dict[str, Any]:
+    """The shard's DRAM budget and SSD tier (only when set: a shard's defaults are off)."""
+    t = cfg.table
+    return {
+        k: v
+        for k, v in (
+            ("memory_rows", t.memory_rows),
+            ("memory_bytes", t.memory_bytes),
+            # each shard makes its own uniquely named database in it (shard-<i>-<pid>-<random>)
+            ("ssd_dir", str(Path(t.ssd_dir).resolve()) if t.ssd_dir else ""),
+        )
+        if v
+    }
+
+
 def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
     """``job_host``: the address this node is reached at (see mpi_context.ps_listen_host)."""
     host, port = job_host, 0
@@ -21,35 +59,21 @@ def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
         port = int(p)
     # Save/Load may touch files under --checkpoint-dir only (absolute), or nowhere.
     ckpt_dir = str(Path(cfg.checkpoint.dir).resolve()) if cfg.checkpoint.dir else ""
-    t = cfg.table
-    # The table's tiers and rules (only when set: a shard's defaults are off)
-    table: dict[str, Any] = {
-        k: v
-        for k, v in (
-            ("memory_rows", t.memory_rows),
-            # each shard makes its own uniquely named database in it (shard-<i>-<pid>-<random>)
-            ("ssd_dir", str(Path(t.ssd_dir).resolve()) if t.ssd_dir else ""),
-            ("admit_after", t.admit_after if t.admit_after > 1 else 0),  # 0 and 1: off
-            ("expire_after", t.expire_after),
-        )
-        if v
-    }
+    dim, tables = _tables(cfg)
     server, address, error = None, None, None
     try:
         server = Server(
-            cfg.model.embedding_dim,
+            dim,
             token,
-            init_scale=cfg.model.init_scale,
             host=host,
             port=port,
-            table=TABLE,
-            seed=cfg.train.seed,
             shard_index=roles.role_rank,
             num_shards=roles.num_ps_ranks,
             max_message_bytes=cfg.client.max_message_bytes,
             checkpoint_dir=ckpt_dir,
             session_idle_timeout_s=cfg.job.session_idle_timeout_s,
-            **table,
+            **tables,
+            **_tiers(cfg),
         )
         bound = server.start()
         # A wildcard bind (asked for explicitly) is published as this node's own address.
