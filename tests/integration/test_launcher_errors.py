@@ -51,3 +51,23 @@ def test_a_flag_without_effect_is_warned_about_once():
     assert proc.returncode == 0, proc.stderr[-3000:]
     warning = "launcher.py: warning: --max-staleness has no effect without --sparse-sync async"
     assert proc.stderr.count(warning) == 1, proc.stderr[-3000:]
+
+
+def test_a_bad_job_file_is_named_once_before_training(tmp_path):
+    job = tmp_path / "job.toml"
+    features = ", ".join(f'"cat_{i}"' for i in range(25))  # cat_25 in no table
+    job.write_text(f'[job]\nbatch_size = 96\n\n[[tables]]\nname = "t"\nfeatures = [{features}]\n')
+    proc = mpirun(3, ["--worker-num", "2", "--config", str(job)], timeout=90)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    needle = f"{job}: [[tables]] features: 1 feature(s) of the data in no table: 'cat_25'"
+    assert proc.stderr.count(needle) == 1, proc.stderr
+    assert "step" not in proc.stdout
+
+
+def test_a_job_file_value_of_the_wrong_type_is_named_once(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nbatch_size = "96"\n')
+    proc = mpirun(3, ["--worker-num", "2", "--config", str(job)], timeout=90)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    needle = f"{job}: [job] batch_size (--batch-size): expected an integer, got a string ('96')"
+    assert proc.stderr.count(needle) == 1, proc.stderr
