@@ -52,6 +52,11 @@ def make_reader(
 
     cache = cfg.cache
     assert cache is not None, "make_reader needs --read-mode bagpipe"
+    if not cfg.tables.fused:  # validate refuses it; the stage checks its own boundary too
+        raise ValueError(
+            f"the cache stage serves the flags' one fused table only, not the tables "
+            f"{', '.join(cfg.tables.names)} of --config {cfg.tables.source}"
+        )
     rank, world = comm.Get_rank(), comm.Get_size()
     planner: OnlinePlanner | PrescanPlanner
     if cache.prescan:

@@ -366,21 +366,13 @@ def _cache(
         if a.optimization_prescan:
             raise ConfigError("--optimization-prescan needs --read-mode bagpipe")
         return None
-    if tables is not None and len(tables.tables) > 1:
-        raise ConfigError(
-            f"--read-mode bagpipe with {len(tables.tables)} tables (--config {tables.source}): "
-            "the cache stage serves one table for now (a later version makes it per table); "
-            "drop --read-mode bagpipe or declare one table"
-        )
     if tables is not None:
-        (t,) = tables.tables
-        if t.optimizer != "sgd" or t.has_rules:
-            raise ConfigError(
-                f'--read-mode bagpipe: table "{t.name}" (--config {tables.source}) has '
-                f"optimizer {t.optimizer}, admit_after {t.admit_after}, expire_after "
-                f"{t.expire_after}: the cache mirrors plain SGD on every gradient only "
-                "(optimizer sgd, no admission or expiry)"
-            )
+        many = f"{len(tables.tables)} tables" if len(tables.tables) > 1 else "a table"
+        raise ConfigError(
+            f"--read-mode bagpipe with {many} of a job file (--config {tables.source}): the "
+            "cache stage serves the flags' one fused table only for now (a later version "
+            "makes it per table); drop --read-mode bagpipe or the job file's [[tables]]"
+        )
     if a.optimization_cache_capacity <= 0:
         raise ConfigError(
             f"--optimization-cache-capacity {a.optimization_cache_capacity}: "

@@ -53,3 +53,14 @@ def test_default_is_uncached():
 def test_unsupported_settings_fail_at_start(argv, needle):
     with pytest.raises(ConfigError, match=needle):
         validate(parse_args(argv), 3)
+
+
+def test_the_stage_refuses_a_job_file_s_tables_at_its_own_boundary():
+    from cpu_dist.common.config import CacheConfig, Config, JobConfig
+    from cpu_dist.common.tables import CATEGORICAL_FEATURES, JobTables, TableConfig
+    from gpu_cache import make_reader
+
+    tables = JobTables((TableConfig("t", 8, CATEGORICAL_FEATURES),), source="job.toml")
+    cfg = Config(job=JobConfig(1, 1), cache=CacheConfig(), tables=tables)
+    with pytest.raises(ValueError, match=r"not the tables t of --config job\.toml"):
+        make_reader(cfg, None, None, None, None)  # type: ignore[arg-type]
