@@ -550,6 +550,36 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
         for dest in ("optimization_cache_capacity", "optimization_bypass_below"):
             if dest in given:
                 out.append(f"--{dest.replace('_', '-')} has no effect without --read-mode bagpipe")
+    return out + _table_defaults_unused(a, given)
+
+
+# The flags that are the defaults of a job file's tables, and the table key each stands for.
+_TABLE_DEFAULT_FLAGS = (
+    ("embedding_dim", "dim"),
+    ("sparse_optimizer", "optimizer"),
+    ("sparse_lr", "lr"),
+    ("init_scale", "init_scale"),
+    ("ps_admit_after", "admit_after"),
+    ("ps_expire_after", "expire_after"),
+)
+
+
+def _table_defaults_unused(a: argparse.Namespace, given: frozenset[str]) -> list[str]:
+    """A table-default flag given where every table of the job file sets that key itself (a
+    table's own keys are never overridden).  ``--embedding-dim`` still sets the model's width
+    when the tables' widths differ, so it is named only when they are one."""
+    job_file = getattr(a, "job_file", None)
+    if job_file is None or not job_file.tables:
+        return []
+    entries = job_file.tables
+    out = []
+    for dest, key in _TABLE_DEFAULT_FLAGS:
+        if dest not in given or not all(key in t for t in entries):
+            continue
+        if key == "dim" and len({repr(t["dim"]) for t in entries}) > 1:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        out.append(f"{flag} has no effect: every table of --config {job_file.path} sets {key}")
     return out
 
 

@@ -325,3 +325,14 @@ def test_adagrad_is_a_sparse_optimizer_flag():
     cfg = validate(parse_args(["--sparse-optimizer", "adagrad"]), 3)
     assert cfg.train.sparse_optimizer == "adagrad" and cfg.tables.tables[0].optimizer == "adagrad"
     assert cfg.tables.specs(0)[0]["eps"] == 1e-8
+
+
+def test_a_table_default_flag_that_every_table_overrides_is_warned_about(tmp_path):
+    from cpu_dist.common.validate import ineffective_flags
+
+    path = tmp_path / "job.toml"
+    path.write_text(two_tables(lr=0.1).replace('name = "b"', 'name = "b"\nlr = 0.2'))
+    args = parse_args(["--config", str(path), "--sparse-lr", "0.3", "--init-scale", "0.2"])
+    cfg = validate(args, 3)
+    warnings = ineffective_flags(args, cfg.job)
+    assert warnings == [f"--sparse-lr has no effect: every table of --config {path} sets lr"]
