@@ -88,7 +88,8 @@ rocksdb::WriteOptions write_options() {
 
 }  // namespace
 
-TierStore::TierStore(std::string dir, uint32_t dim) : dir_(std::move(dir)), dim_(dim) {
+TierStore::TierStore(std::string dir, uint32_t dim, uint64_t salt, uint32_t state_floats)
+    : dir_(std::move(dir)), dim_(dim), salt_(salt), state_floats_(state_floats) {
   std::error_code ec;
   if (fs::exists(dir_, ec))
     throw TierError(absl::StrCat("SSD tier ", dir_, ": already exists"), false);
@@ -108,8 +109,8 @@ TierStore::~TierStore() {
   fs::remove_all(dir_, ec);
 }
 
-void TierStore::encode_key(int64_t key, char* out) {
-  put_be32(partition_of(key), out);
+void TierStore::encode_key(int64_t key, char* out) const {
+  put_be32(partition_of(key, salt_), out);
   put_be64(static_cast<uint64_t>(key) ^ kSignFlip, out + 4);
 }
 
@@ -118,18 +119,18 @@ int64_t TierStore::decode_key(const char* in, uint32_t* partition) {
   return static_cast<int64_t>(get_be(in + 4, 8) ^ kSignFlip);
 }
 
-void TierStore::encode_value(const float* row, float state, int64_t step, char* out) const {
-  const size_t rb = size_t{dim_} * sizeof(float);
+void TierStore::encode_value(const float* row, const float* state, int64_t step, char* out) const {
+  const size_t rb = size_t{dim_} * sizeof(float), sb = size_t{state_floats_} * sizeof(float);
   std::memcpy(out, row, rb);
-  std::memcpy(out + rb, &state, sizeof(state));
-  std::memcpy(out + rb + sizeof(state), &step, sizeof(step));
+  std::memcpy(out + rb, state, sb);
+  std::memcpy(out + rb + sb, &step, sizeof(step));
 }
 
 void TierStore::decode_value(const char* in, float* row, float* state, int64_t* step) const {
-  const size_t rb = size_t{dim_} * sizeof(float);
+  const size_t rb = size_t{dim_} * sizeof(float), sb = size_t{state_floats_} * sizeof(float);
   if (row != nullptr) std::memcpy(row, in, rb);
-  if (state != nullptr) std::memcpy(state, in + rb, sizeof(float));
-  if (step != nullptr) std::memcpy(step, in + rb + sizeof(float), sizeof(int64_t));
+  if (state != nullptr) std::memcpy(state, in + rb, sb);
+  if (step != nullptr) std::memcpy(step, in + rb + sb, sizeof(int64_t));
 }
 
 void TierStore::get(const int64_t* keys, size_t n, char* values,
@@ -166,9 +167,9 @@ TierStore::Batch::Batch(const TierStore& store)
 
 TierStore::Batch::~Batch() = default;
 
-void TierStore::Batch::put(int64_t key, const float* row, float state, int64_t step) {
+void TierStore::Batch::put(int64_t key, const float* row, const float* state, int64_t step) {
   char k[kKeyBytes];
-  encode_key(key, k);
+  store_.encode_key(key, k);
   store_.encode_value(row, state, step, value_.data());
   wb_->Put(rocksdb::Slice(k, kKeyBytes), rocksdb::Slice(value_));
   ++ops_;
@@ -176,7 +177,7 @@ void TierStore::Batch::put(int64_t key, const float* row, float state, int64_t s
 
 void TierStore::Batch::del(int64_t key) {
   char k[kKeyBytes];
-  encode_key(key, k);
+  store_.encode_key(key, k);
   wb_->Delete(rocksdb::Slice(k, kKeyBytes));
   ++ops_;
 }
@@ -206,7 +207,7 @@ TierStore::Cursor::~Cursor() = default;
 void TierStore::Cursor::seek(uint32_t partition, bool after_key_set, int64_t after_key) {
   char k[kKeyBytes];
   if (after_key_set) {
-    encode_key(after_key, k);
+    store_.encode_key(after_key, k);
     put_be32(partition, k);  // the key's own partition is `partition` when the caller is right
     it_->Seek(rocksdb::Slice(k, kKeyBytes));
     if (it_->Valid() && it_->key() == rocksdb::Slice(k, kKeyBytes)) it_->Next();
@@ -248,7 +249,7 @@ void TierStore::BulkLoader::roll() {
   w_.reset();
 }
 
-void TierStore::BulkLoader::add(int64_t key, const float* row, float state, int64_t step) {
+void TierStore::BulkLoader::add(int64_t key, const float* row, const float* state, int64_t step) {
   if (!w_ || in_file_ == kRowsPerSstFile) {
     roll();
     // invalidate_page_cache false: the rows just loaded are read next, leave them cached.
@@ -259,7 +260,7 @@ void TierStore::BulkLoader::add(int64_t key, const float* row, float state, int6
     in_file_ = 0;
   }
   char k[kKeyBytes];
-  encode_key(key, k);
+  store_.encode_key(key, k);
   store_.encode_value(row, state, step, value_.data());
   check(w_->Put(rocksdb::Slice(k, kKeyBytes), rocksdb::Slice(value_)), "bulk load (add)",
         store_.dir_);

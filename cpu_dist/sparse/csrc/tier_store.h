@@ -3,11 +3,16 @@
 // creates and removes with everything in it when it is destroyed; writes skip the WAL and never
 // fsync (a crashed shard restarts from a checkpoint, never from this store).
 //
-// Key layout: 12 bytes, uint32 partition (hashing.h) then the int64 key with its sign bit
-// flipped, both big-endian, so that the bytewise order is (partition, key): a checkpoint, which
-// is grouped by partition with keys ascending, is a merge of this order with the DRAM rows, a
-// Dump page is a range scan, and a load appends sorted SST files.
-// Value: float32 values[dim], float32 state, int64 last-update step (row_meta.h), little-endian.
+// One store per table of a shard (each ShardTable owns its own, in a directory of its own):
+// the shard's DRAM budget is shared by its tables (memory_budget.h), their SSD tiers are not.
+//
+// Key layout: 12 bytes, uint32 partition (hashing.h, salted with the table's salt) then the
+// int64 key with its sign bit flipped, both big-endian, so that the bytewise order is
+// (partition, key): a checkpoint, which is grouped by the table's partitions with keys
+// ascending, is a merge of this order with the DRAM rows, a Dump page is a range scan, and a
+// load appends sorted SST files.
+// Value: float32 values[dim], float32 state[state_floats] (1: SGD, row-wise Adagrad; dim:
+// Adagrad), int64 last-update step (row_meta.h), little-endian.
 #pragma once
 
 #include <cstdint>
@@ -40,18 +45,23 @@ class TierStore {
  public:
   static constexpr size_t kKeyBytes = 12;
 
-  // Creates `dir` (it must not exist; parents are created) and a RocksDB in it.
-  TierStore(std::string dir, uint32_t dim);
+  // Creates `dir` (it must not exist; parents are created) and a RocksDB in it.  `salt`: the
+  // table's (hashing.h table_salt; 0 for the default table), `state_floats`: its optimizer
+  // state's width.
+  TierStore(std::string dir, uint32_t dim, uint64_t salt = 0, uint32_t state_floats = 1);
   ~TierStore();  // closes the database and removes `dir`
   TierStore(const TierStore&) = delete;
   TierStore& operator=(const TierStore&) = delete;
 
   const std::string& dir() const { return dir_; }
-  size_t value_bytes() const { return size_t{dim_} * sizeof(float) + sizeof(float) + 8; }
-  static void encode_key(int64_t key, char* out);
+  size_t value_bytes() const {
+    return (size_t{dim_} + state_floats_) * sizeof(float) + sizeof(int64_t);
+  }
+  void encode_key(int64_t key, char* out) const;
   static int64_t decode_key(const char* in, uint32_t* partition);
-  void encode_value(const float* row, float state, int64_t step, char* out) const;
-  // Any output may be null.
+  // state: state_floats floats.
+  void encode_value(const float* row, const float* state, int64_t step, char* out) const;
+  // Any output may be null; state gets state_floats floats.
   void decode_value(const char* in, float* row, float* state, int64_t* step) const;
 
   // Point reads: for each key, found[i] and, when found, its value at values + i * value_bytes().
@@ -62,7 +72,10 @@ class TierStore {
    public:
     explicit Batch(const TierStore& store);
     ~Batch();
-    void put(int64_t key, const float* row, float state, int64_t step);
+    void put(int64_t key, const float* row, const float* state, int64_t step);
+    void put(int64_t key, const float* row, float state, int64_t step) {  // state_floats 1
+      put(key, row, &state, step);
+    }
     void del(int64_t key);
     size_t size() const { return ops_; }
 
@@ -102,7 +115,10 @@ class TierStore {
    public:
     explicit BulkLoader(TierStore& store);
     ~BulkLoader();
-    void add(int64_t key, const float* row, float state, int64_t step);
+    void add(int64_t key, const float* row, const float* state, int64_t step);
+    void add(int64_t key, const float* row, float state, int64_t step) {  // state_floats 1
+      add(key, row, &state, step);
+    }
     void finish();
     uint64_t rows() const { return rows_; }
 
@@ -123,6 +139,8 @@ class TierStore {
  private:
   const std::string dir_;
   const uint32_t dim_;
+  const uint64_t salt_;
+  const uint32_t state_floats_;
   std::unique_ptr<rocksdb::DB> db_;
 };
 
