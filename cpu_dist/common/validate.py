@@ -348,6 +348,11 @@ def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
             "rows of different widths cost different memory; give the budget in bytes, "
             "--ps-memory-bytes N"
         )
+    if a.ps_memory_bytes and not a.ps_ssd_dir:
+        raise ConfigError(
+            f"--ps-memory-bytes {a.ps_memory_bytes} needs --ps-ssd-dir DIR: the shards evict "
+            "the rows over the budget to their SSD tier"
+        )
     if a.ps_ssd_dir and not (a.ps_memory_rows or a.ps_memory_bytes):
         raise ConfigError(
             "--ps-ssd-dir needs a DRAM budget: --ps-memory-bytes N (or, for one table, "

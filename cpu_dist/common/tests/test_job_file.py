@@ -311,8 +311,14 @@ def test_multi_table_jobs_refuse_the_cache_stage_and_a_row_budget(refused, job):
         two_tables(), "--read-mode", "bagpipe"
     )
     assert "--ps-memory-bytes" in refused(two_tables(), "--ps-memory-rows", "100")
-    cfg = job(two_tables(), "--ps-memory-bytes", "1000000")
+    cfg = job(two_tables(), "--ps-memory-bytes", "1000000", "--ps-ssd-dir", "ssd")
     assert cfg.table.memory_bytes == 1000000 and cfg.table.memory_rows == 0
+    from cpu_dist.common.validate import ConfigError
+
+    with pytest.raises(ConfigError, match="--ps-memory-bytes 1000000 needs --ps-ssd-dir"):
+        validate(parse_args(["--ps-memory-bytes", "1000000"]), 3)
+    with pytest.raises(ConfigError, match="give one DRAM budget"):
+        validate(parse_args(["--ps-memory-bytes", "10", "--ps-memory-rows", "1"]), 3)
 
 
 def test_one_table_of_a_job_file_refuses_the_cache_stage_too(refused):
