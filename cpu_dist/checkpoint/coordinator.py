@@ -86,9 +86,16 @@ def checkpoint_to_resume(cfg: Config) -> Manifest | None:
         table=TABLE,
         config=cfg.settings(),
         must_match=MUST_MATCH,
+        tables=job_tables(cfg),
     )
     check_files(m)
     return m
+
+
+def job_tables(cfg: Config) -> list[dict[str, Any]]:
+    """What a manifest records of the job's tables (manifest.TABLE_FIELDS), in the job's
+    order: each table's shard spec and the features it serves."""
+    return [{**t.spec(cfg.train.seed), "features": list(t.features)} for t in cfg.tables.tables]
 
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
@@ -211,15 +218,17 @@ class Checkpointer:
             for p, r in zip(paths, results)
         ]
         dense = dense_state.save_dense(step_dir / DENSE, self.model, optimizer_state, step)
+        tables = job_tables(self.cfg)
         m = Manifest(
             step=step,
-            table=TABLE,
-            dim=self.cfg.model.embedding_dim,
+            table=tables[0]["name"],
+            dim=int(tables[0]["dim"]),
             num_shards=n,
             shards=shards,
             dense=dense,
             config=self.cfg.settings(),
             run_id=self.run_id,
+            tables=tables,
         )
         m.write(step_dir)
         if self.keep > 0:

@@ -14,8 +14,24 @@ from cpu_dist.common.files import atomic_write, file_crc32, fsync_dir
 from cpu_dist.common.flags import setting_flag
 
 FORMAT = "cpu_dist-checkpoint"
-FORMAT_VERSION = 2  # 2: shard files may live under the shards' own directories (shard_path)
-READS_VERSIONS = (1, 2)
+# 2: shard files may live under the shards' own directories (shard_path); 3: the tables' specs
+# (``tables``), shard files of format 3 (every table of a shard in one file)
+FORMAT_VERSION = 3
+READS_VERSIONS = (1, 2, 3)
+# What a manifest records of each table: the shard's spec (cpu_dist/common/tables.py
+# SPEC_KEYS) and the features it serves.
+TABLE_FIELDS = (
+    "name",
+    "dim",
+    "optimizer",
+    "init_scale",
+    "seed",
+    "num_embeddings",
+    "admit_after",
+    "expire_after",
+    "eps",
+    "features",
+)
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
@@ -61,8 +77,8 @@ class FileEntry:
 @dataclass
 class Manifest:
     step: int  # the last step whose updates the checkpoint holds
-    table: str
-    dim: int
+    table: str  # the first table's name (version 3: ``tables`` holds them all)
+    dim: int  # the first table's dim
     num_shards: int
     shards: list[FileEntry]
     dense: FileEntry
@@ -70,6 +86,9 @@ class Manifest:
     # The run that wrote it: a fresh run makes one, a resumed run keeps its checkpoint's, so a
     # run prunes only its own checkpoints.
     run_id: str = ""
+    # Every table (TABLE_FIELDS), in the job's order; empty in versions 1 and 2, which hold
+    # the one table ``table`` of dim ``dim`` (the default job's).
+    tables: list[dict] = field(default_factory=list)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     path: Path | None = None  # the step directory (not stored)
@@ -113,7 +132,11 @@ def read_manifest(step_dir: Path) -> Manifest:
             dense=FileEntry(**raw["dense"]),
             config=dict(raw.get("config", {})),
             run_id=str(raw.get("run_id", "")),
+            tables=[dict(t) for t in raw.get("tables", [])],
+            format_version=int(raw["format_version"]),
         )
+        if any(not isinstance(t.get("name"), str) for t in m.tables):
+            raise ValueError("a table without a name")
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {path}: corrupt manifest (bad or missing field: {exc})"
@@ -136,13 +159,23 @@ def read_manifest(step_dir: Path) -> Manifest:
 
 
 def check_matches(
-    m: Manifest, *, dim: int, table: str, config: dict, must_match: tuple[str, ...]
+    m: Manifest,
+    *,
+    dim: int,
+    table: str,
+    config: dict,
+    must_match: tuple[str, ...],
+    tables: list[dict] | None = None,
 ) -> None:
-    """Refuses a checkpoint of another table, dimension or model configuration."""
+    """Refuses a checkpoint of other tables, another dimension or model configuration.
+    ``tables``: the job's (TABLE_FIELDS dicts, job order); a version 1 or 2 checkpoint holds
+    the one table ``table`` of ``dim`` and loads only into a job whose one table that is."""
     where = f"checkpoint {m.path / MANIFEST if m.path else MANIFEST}"
-    if m.table != table:
+    if tables is not None:
+        check_tables(m, tables, where)
+    elif m.table != table:
         raise CheckpointError(f"{where}: table {m.table!r}, this job trains {table!r}")
-    if m.dim != dim:
+    if tables is None and m.dim != dim:
         raise CheckpointError(f"{where}: embedding dim {m.dim}, this job has dim {dim}")
     for key in must_match:
         if key in m.config and m.config[key] != config.get(key):
@@ -150,6 +183,39 @@ def check_matches(
                 f"{where}: {setting_flag(key)} {m.config[key]!r} in the "
                 f"checkpoint, {config.get(key)!r} in this job"
             )
+
+
+def check_tables(m: Manifest, tables: list[dict], where: str) -> None:
+    """The job's tables are the checkpoint's: the same names, and per table the same spec and
+    features (the first differing field is named).  The learning rates may differ: they
+    travel with each commit."""
+    if not m.tables:  # version 1 or 2: the one table of the default job
+        if [t["name"] for t in tables] != [m.table] or tables[0]["dim"] != m.dim:
+            listed = ", ".join(f"{t['name']!r} (dim {t['dim']})" for t in tables)
+            raise CheckpointError(
+                f"{where}: holds the one table {m.table!r} (dim {m.dim}; format version "
+                f"{m.format_version}), this job has {listed}"
+            )
+        return
+    saved = {t["name"]: t for t in m.tables}
+    job = {t["name"]: t for t in tables}
+    for name in saved:
+        if name not in job:
+            raise CheckpointError(
+                f"{where}: holds table {name!r}, which this job does not declare (its tables: "
+                f"{', '.join(job)})"
+            )
+    for name, t in job.items():
+        if name not in saved:
+            raise CheckpointError(f"{where}: has no table {name!r} (it holds {', '.join(saved)})")
+        for key in TABLE_FIELDS:
+            a, b = saved[name].get(key), t.get(key)
+            if key == "features" and a is not None:
+                a, b = list(a), list(b or [])
+            if a != b:
+                raise CheckpointError(
+                    f"{where}: table {name!r}: {key} {a!r} in the checkpoint, {b!r} in this job"
+                )
 
 
 def shard_load_paths(m: Manifest) -> list[str]:

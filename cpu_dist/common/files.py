@@ -166,12 +166,16 @@ def is_metrics_log(path: Path) -> bool:
 
 
 def is_state_dump(path: Path) -> bool:
-    """A ``--dump-state`` file: an .npz (zip) with ``sparse_keys``."""
+    """A ``--dump-state`` file: an .npz (zip) with a table's keys (``table/<name>/keys``,
+    cpu_dist/train/dump.py), or ``sparse_keys`` (a dump written before tables)."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as z:
-            return "sparse_keys.npy" in z.namelist()
+            names = z.namelist()
+            return "sparse_keys.npy" in names or any(
+                n.startswith("table/") and n.endswith("/keys.npy") for n in names
+            )
     except (OSError, zipfile.BadZipFile):
         return False
 

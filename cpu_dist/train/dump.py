@@ -1,27 +1,81 @@
 """The ``--dump-state`` file: the whole trained model as one ``.npz``.
 
-``dense/<name>`` for every dense parameter, ``sparse_keys`` (int64, sorted) and
-``sparse_values`` (float32 rows, same order) for every row the PS holds.  The distributed loop
-and the single-process reference both produce it through :func:`model_arrays`, so their dumps
-compare key for key.
+For every job, the default one included:
+
+- ``dense/<name>``: every dense parameter (the model's dtype);
+- ``table/<name>/keys``: int64 [n], sorted ascending, every row the PS holds of table
+  ``<name>`` (the default job's one table is ``embedding``, keyed by its fused keys);
+- ``table/<name>/values``: float32 [n, dim of that table], row i belongs to keys[i].
+
+The distributed loop and the single-process reference both produce it through
+:func:`model_arrays`, so their dumps compare key for key; :func:`table_rows` reads the tables
+back out of a dump (tests and tools use it instead of spelling the names).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+import torch
 
 from cpu_dist.common.files import atomic_write
-from cpu_dist.models.dlrm import DLRM
+
+DENSE_PREFIX = "dense/"
+TABLE_PREFIX = "table/"
 
 
-def model_arrays(model: DLRM, keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
-    out = {f"dense/{name}": p.detach().numpy().copy() for name, p in model.dense_named_parameters()}
-    out["sparse_keys"] = np.asarray(keys, dtype=np.int64)
-    out["sparse_values"] = np.asarray(values, dtype=np.float32)
+def table_keys_name(table: str) -> str:
+    """The array of table ``table``'s keys in a dump."""
+    return f"{TABLE_PREFIX}{table}/keys"
+
+
+def table_values_name(table: str) -> str:
+    """The array of table ``table``'s rows in a dump."""
+    return f"{TABLE_PREFIX}{table}/values"
+
+
+class DenseModel(Protocol):
+    """What :func:`model_arrays` reads of a model (:class:`cpu_dist.models.dlrm.DLRM`)."""
+
+    def dense_named_parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]: ...
+
+
+def model_arrays(
+    model: DenseModel, tables: Mapping[str, tuple[np.ndarray, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """The dump of a model's dense parameters and of every table's rows, ``tables`` mapping
+    each table's name to its (keys, values); keys are sorted here (a dump's keys ascend
+    whatever order the shards gave them in)."""
+    out = {
+        f"{DENSE_PREFIX}{name}": p.detach().numpy().copy()
+        for name, p in model.dense_named_parameters()
+    }
+    for name, (keys, values) in tables.items():
+        keys = np.asarray(keys, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float32)
+        if values.ndim != 2 or len(values) != len(keys):
+            raise ValueError(f"table {name!r}: {len(keys)} keys but values of shape {values.shape}")
+        order = np.argsort(keys, kind="stable")
+        if not np.all(order == np.arange(len(keys))):
+            keys, values = keys[order], values[order]
+        out[table_keys_name(name)] = keys
+        out[table_values_name(name)] = values
     return out
+
+
+def table_rows(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every table of a dump (an ``np.load`` of it, or :func:`model_arrays`' dict): name ->
+    (keys, values), in name order."""
+    names = sorted(
+        k[len(TABLE_PREFIX) : -len("/keys")]
+        for k in arrays
+        if k.startswith(TABLE_PREFIX) and k.endswith("/keys")
+    )
+    return {n: (arrays[table_keys_name(n)], arrays[table_values_name(n)]) for n in names}
 
 
 def write_dump(path: str, arrays: dict[str, np.ndarray]) -> None:

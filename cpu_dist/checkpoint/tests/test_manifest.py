@@ -119,8 +119,8 @@ def test_every_problem_names_the_file(tmp_path):
     for text, msg in [
         ("{oops", "corrupt manifest"),
         (
-            good.replace('"format_version": 2', '"format_version": 3'),
-            "format version 3, this build reads versions 1, 2",
+            good.replace('"format_version": 3', '"format_version": 4'),
+            "format version 4, this build reads versions 1, 2, 3",
         ),
         (json.dumps({**json.loads(good), "num_shards": 2}), "1 shard files for num_shards 2"),
         (good.replace("shard-00000-of-00001.bin", "../../etc/passwd"), "file name"),
@@ -170,3 +170,72 @@ def test_dense_state_round_trip_is_bit_exact(tmp_path):
     wrong = torch.nn.Linear(4, 2)
     with pytest.raises(CheckpointError, match="dense parameters do not match"):
         load_dense(tmp_path / "d.pt", wrong, 2)
+
+
+def _table(name: str, dim: int, **kw) -> dict:
+    t = {
+        "name": name,
+        "dim": dim,
+        "optimizer": "sgd",
+        "init_scale": 0.1,
+        "seed": 5,
+        "num_embeddings": 0,
+        "admit_after": 0,
+        "expire_after": 0,
+        "eps": 0.0,
+        "features": [f"f_{name}"],
+    }
+    t.update(kw)
+    return t
+
+
+def test_the_manifest_records_the_tables_and_resume_refuses_others(tmp_path):
+    m = make(tmp_path, 3, write_manifest=False)
+    m.tables = [_table("item", 32, optimizer="adagrad", eps=1e-8), _table("user", 4)]
+    m.write(m.path)
+    back = read_manifest(m.path)
+    assert back.format_version == 3 and back.tables == m.tables
+    ok = dict(dim=8, table="embedding", config={}, must_match=())
+    check_matches(back, tables=[dict(t) for t in m.tables], **ok)
+    other_lr_only = [dict(t) for t in m.tables]  # lr is not in the spec: no refusal
+    check_matches(back, tables=other_lr_only, **ok)
+    cases = [
+        ([_table("item", 32, optimizer="adagrad", eps=1e-8), _table("user", 8)], "'user': dim 4"),
+        (
+            [_table("item", 32, optimizer="rowwise_adagrad"), _table("user", 4)],
+            "'item': optimizer 'adagrad' in the checkpoint, 'rowwise_adagrad' in this job",
+        ),
+        (
+            [_table("item", 32, optimizer="adagrad", eps=1e-8), _table("user", 4, seed=6)],
+            "'user': seed 5",
+        ),
+        (
+            [_table("item", 32, optimizer="adagrad", eps=1e-8), _table("user", 4, features=["x"])],
+            "'user': features ['f_user'] in the checkpoint, ['x'] in this job",
+        ),
+        ([_table("item", 32, optimizer="adagrad", eps=1e-8)], "holds table 'user', which this"),
+        (
+            [*m.tables, _table("ads", 16)],
+            "has no table 'ads' (it holds item, user)",
+        ),
+    ]
+    for job, fragment in cases:
+        with pytest.raises(CheckpointError, match=r"manifest\.json: ") as ei:
+            check_matches(back, tables=job, **ok)
+        assert fragment in str(ei.value), str(ei.value)
+
+
+def test_a_version_2_manifest_is_the_one_default_table(tmp_path):
+    m = make(tmp_path, 4, write_manifest=False)
+    raw = json.loads(m.to_json())
+    raw["format_version"] = 2
+    del raw["tables"]
+    (m.path / "manifest.json").write_text(json.dumps(raw))
+    back = read_manifest(m.path)
+    assert back.format_version == 2 and back.tables == []
+    ok = dict(dim=8, table="embedding", config={}, must_match=())
+    check_matches(back, tables=[_table("embedding", 8)], **ok)
+    with pytest.raises(CheckpointError, match=r"holds the one table 'embedding' \(dim 8; format"):
+        check_matches(back, tables=[_table("item", 8), _table("user", 4)], **ok)
+    with pytest.raises(CheckpointError, match="this job has 'embedding' \\(dim 16\\)"):
+        check_matches(back, tables=[_table("embedding", 16)], **ok)
