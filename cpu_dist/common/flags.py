@@ -512,6 +512,8 @@ _FLAG_OF_SETTING = {
     "checkpoint.every": "--checkpoint-every",
     "checkpoint.keep": "--checkpoint-keep",
     "checkpoint.timeout_s": "--checkpoint-timeout",
+    "tables.tables": "--config [[tables]]",
+    "tables.fused": "--config",
 }
 
 

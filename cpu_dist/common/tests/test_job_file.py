@@ -342,3 +342,12 @@ def test_a_table_default_flag_that_every_table_overrides_is_warned_about(tmp_pat
     cfg = validate(args, 3)
     warnings = ineffective_flags(args, cfg.job)
     assert warnings == [f"--sparse-lr has no effect: every table of --config {path} sets lr"]
+
+
+def test_the_tables_are_settings_a_checkpoint_records_and_names(job):
+    from cpu_dist.common.flags import setting_flag
+
+    s = job(two_tables(dim=8, lr=0.1), "--embedding-dim", "8").settings()
+    assert s["tables.fused"] is False and [t["name"] for t in s["tables.tables"]] == ["a", "b"]
+    assert s["tables.tables"][0]["lr"] == 0.1 and s["tables.tables"][0]["features"] == ALL[:2]
+    assert setting_flag("tables.tables") == "--config [[tables]]"
