@@ -12,7 +12,9 @@ class Batch:
     """A batch of Criteo-shaped samples.
 
     ``keys`` are already fused (see :mod:`cpu_dist.data.keys`), so the model never needs to
-    know which feature a key came from.
+    know which feature a key came from.  Column f of ``keys`` is the categorical feature
+    ``cat_f`` and column f of ``dense`` the dense feature ``int_f`` (TorchRec's names, the
+    names a job file's tables use: ``factory.feature_names``).
     """
 
     dense: np.ndarray  # float32 [B, num_dense]

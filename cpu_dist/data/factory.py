@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from cpu_dist.common.config import DataConfig
+from cpu_dist.common.tables import categorical_names, dense_names
 from cpu_dist.data.batch import Batch
 from cpu_dist.data.criteo import CriteoTSV
 from cpu_dist.data.criteo_bin import CriteoBinary
@@ -105,6 +106,12 @@ def eval_batches(dataset: Dataset, batch_size: int, num_batches: int | None) -> 
     """The first ``num_batches`` global eval batches (always the same ones for a dataset);
     None: all of the split (file data, the last partial batch included; synthetic data: 4)."""
     return dataset.eval_batches(batch_size, num_batches)
+
+
+def feature_names(dataset: Dataset) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(dense, categorical)`` feature names of a dataset in column order (``int_0`` ...,
+    ``cat_0`` ...; TorchRec's names for Criteo's): the names a job file's tables refer to."""
+    return dense_names(dataset.num_dense), categorical_names(dataset.num_sparse)
 
 
 def dataset_for(data: DataConfig, seed: int) -> Dataset:

@@ -54,3 +54,13 @@ def test_eval_batches_are_repeatable():
     assert len(a) == 3
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x.keys, y.keys)
+
+
+def test_features_are_named_as_torchrec_names_criteo_s_for_every_kind():
+    from cpu_dist.common.tables import CATEGORICAL_FEATURES, DENSE_FEATURES
+    from cpu_dist.data.factory import feature_names, make_dataset
+
+    assert feature_names(make_dataset("synthetic")) == (DENSE_FEATURES, CATEGORICAL_FEATURES)
+    assert CATEGORICAL_FEATURES[25] == "cat_25" and DENSE_FEATURES[12] == "int_12"
+    small = make_dataset("synthetic", cardinalities=[3, 4], num_dense=1, num_sparse=2)
+    assert feature_names(small) == (("int_0",), ("cat_0", "cat_1"))
