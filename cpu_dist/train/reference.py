@@ -424,14 +424,7 @@ class ReferenceTrainer:
 
     def dump(self) -> dict[str, np.ndarray]:
         """The --dump-state format (:mod:`cpu_dist.train.dump`)."""
-        tables = self.table_rows()
-        if list(tables) == [TABLE]:
-            return model_arrays(self.model, *tables[TABLE])
-        out = model_arrays(self.model, np.zeros(0, np.int64), np.zeros((0, 1), np.float32))
-        del out["sparse_keys"], out["sparse_values"]
-        for name, (keys, values) in tables.items():
-            out[f"table/{name}/keys"], out[f"table/{name}/values"] = keys, values
-        return out
+        return model_arrays(self.model, self.table_rows())
 
 
 def train_reference(
@@ -444,8 +437,9 @@ def train_reference(
 ) -> dict[str, np.ndarray]:
     """Train steps ``[start_step, start_step + steps)`` from fresh weights; the --dump-state dict.
 
-    Returns ``dense/<name>`` (model dtype) for every dense parameter, ``sparse_keys`` (int64,
-    sorted: every row the PS would hold) and ``sparse_values`` (float32, same order).
+    Returns ``dense/<name>`` (model dtype) for every dense parameter and, per table,
+    ``table/<name>/keys`` (int64, sorted: every row the PS would hold) and
+    ``table/<name>/values`` (float32, same order): :mod:`cpu_dist.train.dump`'s layout.
     A Criteo file that ends earlier ends the run earlier, as it does the trainer's.
     """
     split = settings.get("split") or TableKeySplit({TABLE: range(dataset.num_sparse)}, fused=True)

@@ -162,11 +162,12 @@ def test_matches_hand_computed_steps(dense_opt, sparse_opt, lr, sparse_lr, steps
     for n, v in p.items():
         assert got[f"dense/{n}"].dtype == np.float32
         np.testing.assert_allclose(got[f"dense/{n}"], v, rtol=2e-5, atol=2e-6, err_msg=n)
-    np.testing.assert_array_equal(got["sparse_keys"], keys)
-    assert got["sparse_values"].dtype == np.float32
-    np.testing.assert_allclose(got["sparse_values"], values, rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(got["table/embedding/keys"], keys)
+    assert got["table/embedding/values"].dtype == np.float32
+    np.testing.assert_allclose(got["table/embedding/values"], values, rtol=2e-5, atol=2e-6)
     # The updates really moved every row (a dead-ReLU init would make this test vacuous).
-    assert np.all(np.abs(got["sparse_values"] - row_init(5, keys, DIM, 0.5)).max(axis=1) > 1e-4)
+    moved = got["table/embedding/values"] - row_init(5, keys, DIM, 0.5)
+    assert np.all(np.abs(moved).max(axis=1) > 1e-4)
 
 
 def test_float64_dense_keeps_float32_rows():
@@ -174,9 +175,8 @@ def test_float64_dense_keeps_float32_rows():
     kw = dict(lr=0.5, sparse_lr=None, dense_optimizer="sgd", sparse_optimizer="rowwise_adagrad")
     d32 = _run(batches, 3, **kw)
     d64 = _run(batches, 3, dtype=torch.float64, **kw)
-    assert (
-        d64["dense/top.2.weight"].dtype == np.float64 and d64["sparse_values"].dtype == np.float32
-    )
+    assert d64["dense/top.2.weight"].dtype == np.float64
+    assert d64["table/embedding/values"].dtype == np.float32
     for k in d32:
         np.testing.assert_allclose(d64[k], d32[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
@@ -192,7 +192,7 @@ def test_start_step_trains_the_later_batches():
         sparse_optimizer="sgd",
         start_step=2,
     )
-    np.testing.assert_array_equal(got["sparse_keys"], np.unique(batches[2].keys))
+    np.testing.assert_array_equal(got["table/embedding/keys"], np.unique(batches[2].keys))
 
 
 def test_local_embedding_reads_unseen_keys_as_first_touch_rows_only_without_grad():
