@@ -80,19 +80,39 @@ def shard_of(keys, num_shards: int, table: str = TABLE) -> np.ndarray:
     return partition_of(keys, table) % num_shards
 
 
+# Adagrad's default eps (csrc/optimizer.h kDefaultAdagradEps); a table's spec may name another.
+ADAGRAD_EPS = 1e-8
+
+
+def state_floats(kind: str, dim: int) -> int:
+    """Floats of optimizer state a row keeps (csrc/optimizer.h): ``dim`` for Adagrad, else 1."""
+    return dim if kind == "adagrad" else 1
+
+
 def sparse_update(
-    kind: str, weights: np.ndarray, state: np.ndarray | None, grads: np.ndarray, lr: float
+    kind: str,
+    weights: np.ndarray,
+    state: np.ndarray | None,
+    grads: np.ndarray,
+    lr: float,
+    eps: float = ADAGRAD_EPS,
 ) -> None:
     """The PS optimizers in numpy: in place, float32, the operation order of
     ``cpu_dist/sparse/csrc/optimizer.h`` (the one numpy oracle tests compare against).
 
-    ``weights [u, d]`` and ``state [u]`` (Adagrad accumulators) are float32 arrays of the
-    touched rows; ``grads [u, d]`` their aggregated gradients.
+    ``weights [u, d]`` and ``state`` (the optimizer state: ``[u]`` row-wise Adagrad's
+    accumulators, ``[u, d]`` Adagrad's) are float32 arrays of the touched rows; ``grads [u, d]``
+    their aggregated gradients.  ``eps`` is Adagrad's only (row-wise Adagrad's is 1e-8).
     """
     lr32 = np.float32(lr)
     g = np.asarray(grads, dtype=np.float32)
     if kind == "sgd":
         weights -= lr32 * g
+        return
+    if kind == "adagrad":
+        assert state is not None and state.shape == g.shape, "adagrad's state is [u, d]"
+        state += g * g
+        weights -= lr32 * g / (np.sqrt(state) + np.float32(eps))
         return
     if kind != "rowwise_adagrad":
         raise ValueError(f"unknown sparse optimizer {kind!r}")

@@ -74,10 +74,12 @@ def apply_rows(
     optimizer: str,
     divisor: float = 1.0,
     states: npt.NDArray[np.float32] | None = None,
+    eps: float = 1e-8,
 ) -> None:
-    """In place: rows (float32 [n, dim], C order) and states (row-wise Adagrad's float32 [n])
-    as a commit changes them on a shard, given the step's summed gradient rows and its world
-    size as divisor: the shard's arithmetic (csrc/row_update.h), so the bits agree.  TypeError
+    """In place: rows (float32 [n, dim], C order) and states (row-wise Adagrad's float32 [n],
+    Adagrad's float32 [n, dim]; ``eps`` is Adagrad's) as a commit changes them on a shard, given
+    the step's summed gradient rows and its world size as divisor: the shard's arithmetic
+    (csrc/row_update.h), so the bits agree.  TypeError
     unless rows and states are writeable C-contiguous float32 numpy arrays (a converted copy
     would be updated instead)."""
 
@@ -87,7 +89,7 @@ class Server:
         dim: int,
         token: str,
         *,
-        init_scale: float,
+        init_scale: float | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         table: str = "embedding",
@@ -104,9 +106,11 @@ class Server:
         max_memory_bytes: int = 4 << 30,
         max_concurrent_streams: int = 256,
         memory_rows: int = 0,
+        memory_bytes: int = 0,
         ssd_dir: str = "",
         admit_after: int = 0,
         expire_after: int = 0,
+        tables: list[dict[str, Any]] | None = None,
         test_hooks: bool = False,
     ) -> None:
         """One shard.  ``token``: printable ASCII without spaces (it travels as call
@@ -121,6 +125,13 @@ class Server:
         (RESOURCE_EXHAUSTED), with it (an absolute directory; the shard makes its own RocksDB
         in it and removes it when it stops) the rows beyond go to SSD.  ``admit_after`` N (0,
         1: off) and ``expire_after`` S (0: off): the step rules of commits (csrc/table_rules.h).
+        ``tables``: the shard's tables as spec dicts (``name``, ``dim``, ``optimizer``,
+        ``init_scale``, ``seed``, ``num_embeddings``, ``admit_after``, ``expire_after``, ``eps``:
+        ``cpu_dist/common/tables.py`` ``TableConfig.spec``), then ``dim`` must be 0; without
+        them ``dim > 0`` declares the one table ``table`` (with ``seed``, ``init_scale``,
+        required then, and the rules above) whose optimizer each request names; neither: no
+        table until ``Client.create_tables``.  ``memory_bytes``: the DRAM budget in bytes of
+        every table together (needs ``ssd_dir``).
         ``test_hooks``: test-only pause points (``test_hold``); never set outside tests.
         ValueError on bad values."""
     def start(self) -> int:

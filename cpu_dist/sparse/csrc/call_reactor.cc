@@ -195,6 +195,7 @@ BlockingWorker* PsCallService::worker_for(Method m) {
     case Method::kCloseSession:
     case Method::kAbortSessions:
     case Method::kDump:
+    case Method::kCreateTables:  // the tables' lock; an SSD tier opens a database
     case Method::kWaitCommitted: return &updates_;
     // Stripe locks for a moment at most (a pull never waits on the update lock).
     case Method::kPull:

@@ -16,9 +16,30 @@ namespace {
 using grpc::Status;
 using grpc::StatusCode;
 
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// The same tables, in the same order, with the same lr and optimizer (and with `counts`, the
+// same keys of each).
+bool same_parts(const std::vector<ChunkPart>& a, const std::vector<ChunkPart>& b, bool counts) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].table != b[i].table || !same_bits(a[i].lr, b[i].lr) ||
+        a[i].optimizer != b[i].optimizer || (counts && a[i].count != b[i].count))
+      return false;
+  return true;
+}
+
 bool same_chunk(const CommitChunk& a, const CommitChunk& b) {
-  return a.chunk_count == b.chunk_count && std::memcmp(&a.lr, &b.lr, sizeof(float)) == 0 &&
-         a.optimizer == b.optimizer && a.keys == b.keys && a.grads == b.grads;
+  return a.chunk_count == b.chunk_count && same_parts(a.parts, b.parts, true) && a.keys == b.keys &&
+         a.grads == b.grads;
+}
+
+std::string describe_parts(const std::vector<ChunkPart>& parts) {
+  std::string out;
+  for (const ChunkPart& p : parts)
+    absl::StrAppend(&out, out.empty() ? "" : ", ", "'", p.table->spec().name, "' (lr ", p.lr, ", ",
+                    optimizer_name(p.optimizer), ")");
+  return out;
 }
 
 // A chunk for an ended session: a retry of a committed step is acknowledged, nothing else.
@@ -56,7 +77,7 @@ Status CommitSessions::find_or_create(const CommitChunk& c, std::shared_ptr<Sess
         s->base_step = c.base_step;
         // Read in this order: an apply counted in applies_before noted its step before.
         s->applies_before = applies_begun_.load();
-        s->others_upto = table_.max_step();
+        s->others_upto = tables_.max_step();
         s->closed.assign(c.world_size, false);
         touch(*s);
         sessions_.emplace(session, s);
@@ -171,10 +192,9 @@ Status CommitSessions::store(Session& s, CommitChunk&& c, Stored* out) {
   const uint64_t bytes = c.keys.size() + c.grads.size();
   PS_RETURN_IF_ERROR(check_held_bytes(s, c, bytes));
   PS_RETURN_IF_ERROR(check_pending_bytes(s, c, bytes));
-  if (step == nullptr) {  // the step's first chunk fixes its lr and optimizer
+  if (step == nullptr) {  // the step's first chunk fixes its tables, lr and optimizer
     step = &s.steps[c.step];
-    step->lr = c.lr;
-    step->optimizer = c.optimizer;
+    step->tables = c.parts;
   }
   if (slot == nullptr) {
     slot = &step->ranks[c.rank];
@@ -225,13 +245,17 @@ Status CommitSessions::check_chunk(const StepChunks* step, const RankSlot* slot,
                                           c.step, " rank ", c.rank, " chunk ", c.chunk_index));
     }
   }
-  if (step != nullptr &&
-      (std::memcmp(&step->lr, &c.lr, sizeof(float)) != 0 || step->optimizer != c.optimizer))
-    return invalid(absl::StrCat("lr ", c.lr, " / optimizer ", optimizer_name(c.optimizer),
-                                " differ from lr ", step->lr, " / optimizer ",
-                                optimizer_name(step->optimizer), " of session ", c.session,
-                                " step ", c.step));
-  return Status::OK;
+  if (step == nullptr || same_parts(step->tables, c.parts, false)) return Status::OK;
+  if (step->tables.size() == 1 && c.parts.size() == 1 && step->tables[0].table == c.parts[0].table)
+    return invalid(absl::StrCat(
+        "lr ", c.parts[0].lr, " / optimizer ", optimizer_name(c.parts[0].optimizer),
+        " differ from lr ", step->tables[0].lr, " / optimizer ",
+        optimizer_name(step->tables[0].optimizer), " of session ", c.session, " step ", c.step));
+  return invalid(absl::StrCat("the tables ", describe_parts(c.parts), " differ from the tables ",
+                              describe_parts(step->tables), " of session ", c.session, " step ",
+                              c.step,
+                              " (every chunk of a step names the same tables, lr and "
+                              "optimizers)"));
 }
 
 Status CommitSessions::check_held_bytes(const Session& s, const CommitChunk& c,
@@ -316,22 +340,41 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
 }
 
 size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait) {
-  RowAccumulator acc(table_.dim());
+  // Per table: the chunks' rows summed in rank order, then chunk order (as one table's).
+  const size_t nt = chunks.tables.size();
+  std::vector<RowAccumulator> acc;
+  acc.reserve(nt);
+  for (const ChunkPart& t : chunks.tables) acc.emplace_back(t.table->dim());
   for (auto& [rank, r] : chunks.ranks)  // rank order, then chunk order
-    for (auto& [index, ch] : r.chunks)
-      acc.add(ch.keys.data(), ch.grads.data(), ch.keys.size() / sizeof(int64_t));
-  acc.divide(static_cast<float>(s.world_size));
-  // Before any row holds the step (Writes): the table's highest step, then the counts, then
+    for (auto& [index, ch] : r.chunks) {
+      const char* k = ch.keys.data();
+      const char* g = ch.grads.data();
+      for (size_t t = 0; t < nt; ++t) {  // same tables as the step's (check_chunk)
+        const size_t cnt = ch.parts[t].count;
+        acc[t].add(k, g, cnt);
+        k += cnt * sizeof(int64_t);
+        g += cnt * chunks.tables[t].table->dim() * sizeof(float);
+      }
+    }
+  for (RowAccumulator& a : acc) a.divide(static_cast<float>(s.world_size));
+  // Before any row holds the step (Writes): the tables' highest step, then the counts, then
   // the session's own bound.
   const int64_t job_step = s.base_step + step;
-  table_.note_step(job_step);
+  for (const ChunkPart& t : chunks.tables) t.table->note_step(job_step);
   applies_begun_.fetch_add(1);
   s.own_applies.fetch_add(1);
   s.begun.store(step);
   // The step rules count on job steps: the session's step 0 is job step base_step.
-  table_.commit_step(acc.keys().data(), acc.sums().data(), acc.size(), chunks.lr, chunks.optimizer,
-                     job_step, wait);
-  return acc.size();
+  std::vector<StepUpdate> updates(nt);
+  size_t rows = 0;
+  for (size_t t = 0; t < nt; ++t) {
+    const ChunkPart& p = chunks.tables[t];
+    updates[t] = StepUpdate{p.table, acc[t].keys().data(), acc[t].sums().data(), acc[t].size(),
+                            p.lr,    p.optimizer};
+    rows += acc[t].size();
+  }
+  commit_tables_step(updates, job_step, wait);
+  return rows;
 }
 
 }  // namespace cpu_dist::ps

@@ -26,10 +26,23 @@
 #include "grpcpp/support/status.h"
 #include "optimizer.h"
 #include "table.h"
+#include "tables.h"
 
 namespace cpu_dist::ps {
 
-// One chunk as it arrived (already checked for sizes, dim and values by the service).
+// A chunk's share of one table: `count` consecutive keys of the chunk's keys (and their rows
+// of the table's dim in grads), the table's lr and optimizer for the step.
+struct ChunkPart {
+  ShardTable* table = nullptr;
+  uint64_t count = 0;
+  float lr = 0.0f;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+};
+
+// One chunk as it arrived (already checked for sizes, dim and values by the service).  Its
+// parts name every table of the step (a step covers all of a job's tables, each chunk names
+// the same tables in the same order with the same lr and optimizer; a table may have no keys
+// in a chunk); a one-table request is one part.
 struct CommitChunk {
   uint64_t session = 0;
   int64_t step = 0;
@@ -39,10 +52,9 @@ struct CommitChunk {
   uint32_t chunk_count = 0;
   uint32_t max_ahead = 1;  // accepted steps: committed + 1 .. committed + max_ahead
   int64_t base_step = 0;   // the job step of the session's step 0 (table_rules.h)
-  float lr = 0.0f;
-  OptimizerKind optimizer = OptimizerKind::kSgd;
-  std::string keys;   // int64[n], raw
-  std::string grads;  // float32[n][dim], raw
+  std::vector<ChunkPart> parts;
+  std::string keys;   // int64[n], raw, part after part
+  std::string grads;  // float32 rows, part after part, each at its table's dim
 };
 
 struct SessionLimits {
@@ -65,7 +77,7 @@ class CommitSessions {
   static constexpr uint32_t kMaxAhead = 64;
   static constexpr int64_t kMaxStep = int64_t{1} << 62;  // step and base_step, so no sum wraps
 
-  CommitSessions(ShardTable& table, SessionLimits limits) : table_(table), limits_(limits) {}
+  CommitSessions(ShardTables& tables, SessionLimits limits) : tables_(tables), limits_(limits) {}
 
   // Acknowledges (and possibly applies) one chunk; on success *committed is the session's
   // committed step after this call.  Takes the chunk's payload by move.  An ended session is
@@ -129,10 +141,10 @@ class CommitSessions {
     uint32_t chunk_count = 0;
     std::map<uint32_t, CommitChunk> chunks;  // by chunk_index
   };
-  // One step's chunks; its lr and optimizer are fixed by its first chunk.
+  // One step's chunks; its tables, their lr and optimizer are fixed by its first chunk
+  // (`tables`, whose counts are unused).
   struct StepChunks {
-    float lr = 0.0f;
-    OptimizerKind optimizer = OptimizerKind::kSgd;
+    std::vector<ChunkPart> tables;
     std::map<uint32_t, RankSlot> ranks;  // ranks heard from
     uint32_t complete_ranks = 0;         // of those, with every chunk in
     uint64_t bytes = 0;                  // payload bytes stored
@@ -183,7 +195,7 @@ class CommitSessions {
   // a step outside the window.
   static grpc::Status check_step(const Session& s, const CommitChunk& c);
   // Refusals that need the step and rank: another chunk_count, a conflicting retry of a
-  // stored chunk, another lr or optimizer than the step's.  *retry: an identical retry.
+  // stored chunk, other tables, lr or optimizer than the step's.  *retry: an identical retry.
   static grpc::Status check_chunk(const StepChunks* step, const RankSlot* slot,
                                   const CommitChunk& c, bool* retry);
   // Refuses a held step's chunk that would take the session past max_held_bytes.
@@ -197,7 +209,7 @@ class CommitSessions {
   // to wait for, before any change of that step.
   grpc::Status apply_ready(Session& s, uint64_t session, size_t* rows_applied, size_t* steps,
                            bool wait, bool* blocked);
-  // Throws; the table is unchanged then (but for expiry drops: ShardTable::commit_step).
+  // Throws; the tables are unchanged then (but for expiry drops: ShardTable::commit_step).
   size_t apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait);
   // *out is null (and *ended its end) when the session ended.  Evicts the least recently
   // active session when the cap is reached.
@@ -219,7 +231,7 @@ class CommitSessions {
   static grpc::Status ended_status(uint64_t session, const Ended& how);
   static void touch(Session& s);
 
-  ShardTable& table_;
+  ShardTables& tables_;
   const SessionLimits limits_;
   // sessions_, ended_ and ended_order_.  A leaf lock: nothing is locked while it is held.
   mutable std::mutex mu_;

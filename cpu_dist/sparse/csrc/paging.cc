@@ -34,8 +34,9 @@ std::vector<Place> smallest_after(const ShardTable& table, const PageCursor& fro
   uint32_t& end = *held_end = kNumPartitions;  // partitions from `end` on are not held
   size_t held = 0;
   *more = false;
+  const uint64_t salt = table.spec().salt();  // the table's partitions (hashing.h)
   table.for_each_key([&](int64_t key) {
-    const uint32_t p = partition_of(key);
+    const uint32_t p = partition_of(key, salt);
     if (p >= end) {
       *more = true;
       return;

@@ -34,9 +34,9 @@ PageKeys select_page(const ShardTable& table, const PageCursor& from, size_t max
 inline constexpr uint64_t kDefaultDumpPageBytes = 4 << 20;
 inline constexpr uint64_t kDumpReplyOverhead = 128;
 
-// Payload bytes of one row in a Dump reply: key, values, state.
-inline size_t dump_row_bytes(uint32_t dim) {
-  return sizeof(int64_t) + (size_t{dim} + 1) * sizeof(float);
+// Payload bytes of one row in a Dump reply: key, values, state (state_floats of them).
+inline size_t dump_row_bytes(uint32_t dim, uint32_t state_floats = 1) {
+  return sizeof(int64_t) + (size_t{dim} + state_floats) * sizeof(float);
 }
 
 }  // namespace cpu_dist::ps

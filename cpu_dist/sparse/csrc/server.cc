@@ -60,7 +60,17 @@ std::string bind_error(const std::string& host, int port) {
 
 void check_options(const ServerOptions& o) {
   using std::invalid_argument;
-  if (o.dim == 0) throw invalid_argument("dim must be >= 1");
+  if (o.dim > 0 && !o.tables.empty())
+    throw invalid_argument(absl::StrCat("dim ", o.dim, " declares the one table '", o.table,
+                                        "' by flags, and ", o.tables.size(),
+                                        " tables are given as specs: give one or the other"));
+  for (const ShardTableSpec& spec : o.tables)
+    if (const std::string why = spec_error(spec); !why.empty()) throw invalid_argument(why);
+  const size_t num_tables = o.tables.empty() ? (o.dim > 0 ? 1 : 0) : o.tables.size();
+  if (const std::string why =
+          budget_refusal(o.memory_rows, o.memory_bytes, !o.ssd_dir.empty(), num_tables);
+      !why.empty())
+    throw invalid_argument(why);
   check_token_text(o.token);
   if (o.num_shards == 0 || o.shard_index >= o.num_shards)
     throw invalid_argument(
@@ -73,10 +83,11 @@ void check_options(const ServerOptions& o) {
                                         o.session_idle_timeout_s));
   if (o.max_sessions == 0) throw invalid_argument("max_sessions must be >= 1");
   if (o.max_concurrent_streams == 0) throw invalid_argument("max_concurrent_streams must be >= 1");
-  if (!o.ssd_dir.empty() && o.memory_rows == 0)
+  if (!o.ssd_dir.empty() && o.memory_rows == 0 && o.memory_bytes == 0)
     throw invalid_argument(absl::StrCat("ssd_dir '", o.ssd_dir,
-                                        "' needs memory_rows >= 1 (--ps-memory-rows): the SSD "
-                                        "tier holds the rows beyond the DRAM budget"));
+                                        "' needs memory_rows >= 1 (--ps-memory-rows) or "
+                                        "memory_bytes (--ps-memory-bytes): the SSD tier holds the "
+                                        "rows beyond the DRAM budget"));
   if (!o.ssd_dir.empty() && o.ssd_dir.front() != '/')
     throw invalid_argument(absl::StrCat("ssd_dir must be an absolute path, got '", o.ssd_dir, "'"));
   const uint64_t min_memory = 4 * static_cast<uint64_t>(o.max_message_bytes);

@@ -32,16 +32,6 @@ Status parse_request(const grpc::ByteBuffer& bb, Msg* m) {
   return Status::OK;
 }
 
-// Whether a request message has a table / a dim field (the preamble checks them if so).
-template <class M, class = void>
-struct HasTable : std::false_type {};
-template <class M>
-struct HasTable<M, std::void_t<decltype(std::declval<const M&>().table())>> : std::true_type {};
-template <class M, class = void>
-struct HasDim : std::false_type {};
-template <class M>
-struct HasDim<M, std::void_t<decltype(std::declval<const M&>().dim())>> : std::true_type {};
-
 // Index of the first float whose exponent bits are all ones (NaN or infinity), or n.
 size_t first_non_finite(const char* data, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -68,6 +58,7 @@ std::optional<Method> method_of(const std::string& path) {
       {"Shutdown", Method::kShutdown},
       {"Save", Method::kSave},
       {"Load", Method::kLoad},
+      {"CreateTables", Method::kCreateTables},
   };
   constexpr std::string_view kPrefix = "/cpu_dist.ps.ParameterServer/";
   if (path.size() <= kPrefix.size() || path.compare(0, kPrefix.size(), kPrefix) != 0)
@@ -78,16 +69,50 @@ std::optional<Method> method_of(const std::string& path) {
   return std::nullopt;
 }
 
+namespace {
+
+TablesOptions tables_options(const ServerOptions& o) {
+  TablesOptions t;
+  t.stripes = o.stripes;
+  t.max_blocks_per_stripe = o.max_blocks_per_stripe;
+  t.tiers.memory_rows = o.memory_rows;
+  // One budget object for every table of the shard (memory_budget.h).
+  if (o.memory_bytes > 0) t.tiers.budget = std::make_shared<MemoryBudget>(o.memory_bytes);
+  t.tiers.ssd_dir = o.ssd_dir;
+  t.tiers.ssd_name = absl::StrCat("shard-", o.shard_index);
+  return t;
+}
+
+// The tables a shard starts with: ServerOptions::tables, or the one its flags declare.
+std::vector<ShardTableSpec> initial_tables(const ServerOptions& o) {
+  if (!o.tables.empty() || o.dim == 0) return o.tables;
+  ShardTableSpec s;
+  s.name = o.table;
+  s.dim = o.dim;
+  s.seed = o.seed;
+  s.init_scale = o.init_scale;
+  s.admit_after = o.admit_after;
+  s.expire_after = o.expire_after;
+  s.flag_declared = true;
+  return {s};
+}
+
+}  // namespace
+
 PsService::PsService(const ServerOptions& opts, std::function<void()> on_shutdown)
     : opts_(opts),
       on_shutdown_(std::move(on_shutdown)),
       hooks_(opts.test_hooks ? std::make_unique<TestHooks>() : nullptr),
-      table_(opts.dim, opts.seed, opts.init_scale, opts.stripes, opts.max_blocks_per_stripe,
-             TierOptions{opts.memory_rows, opts.ssd_dir, absl::StrCat("shard-", opts.shard_index)},
-             RuleOptions{opts.admit_after, opts.expire_after}),
-      sessions_(table_,
+      tables_(tables_options(opts), hooks_.get()),
+      sessions_(tables_,
                 SessionLimits{opts.max_sessions, opts.max_held_bytes, opts.max_pending_bytes}) {
-  table_.set_test_hooks(hooks_.get());
+  for (const ShardTableSpec& spec : initial_tables(opts)) {
+    bool created = false;
+    const Status st = tables_.create(spec, &created);
+    if (!st.ok()) throw std::invalid_argument(st.error_message());
+    if (!created)
+      throw std::invalid_argument(absl::StrCat("table '", spec.name, "' is listed twice"));
+  }
 }
 
 // ---- validation ---------------------------------------------------------------------
@@ -106,33 +131,114 @@ Status PsService::check_token(const std::string* token) const {
   return Status::OK;
 }
 
-Status PsService::check_table(const std::string& table) const {
-  if (table != opts_.table)
-    return Status(StatusCode::NOT_FOUND,
-                  absl::StrCat("unknown table '", absl::CHexEscape(table.substr(0, 256)),
-                               "' (this shard serves '", opts_.table, "')"));
+Status PsService::find_table(const std::string& name, ShardTable** out) const {
+  *out = tables_.find(name);
+  if (*out != nullptr) return Status::OK;
+  std::string have;
+  tables_.for_each([&have](const ShardTableSpec& spec, ShardTable&) {
+    if (have.size() < 512) absl::StrAppend(&have, have.empty() ? "'" : ", '", spec.name, "'");
+  });
+  return Status(StatusCode::NOT_FOUND,
+                absl::StrCat("unknown table '", absl::CHexEscape(name.substr(0, 256)),
+                             "' (this shard serves ", have.empty() ? "no table" : have, ")"));
+}
+
+Status PsService::kind_for(const ShardTable& t, int optimizer, OptimizerKind* kind) const {
+  const ShardTableSpec& spec = t.spec();
+  if (optimizer < Optimizer::SGD || optimizer > Optimizer::ADAGRAD)
+    return invalid(absl::StrCat("unknown optimizer ", optimizer));
+  const auto asked = static_cast<OptimizerKind>(optimizer);
+  if (spec.flag_declared) {
+    if (asked == OptimizerKind::kAdagrad)
+      return invalid(absl::StrCat(
+          "table '", spec.name,
+          "' was declared by the shard's flags (one state float a row): adagrad needs a table "
+          "created with optimizer adagrad (CreateTables, or a job file)"));
+    *kind = asked;
+    return Status::OK;
+  }
+  // SGD is the wire's default: a request that names no optimizer runs the table's.
+  if (optimizer != Optimizer::SGD && asked != spec.optimizer)
+    return invalid(absl::StrCat("optimizer ", optimizer_name(asked), " for table '", spec.name,
+                                "', whose optimizer is ", optimizer_name(spec.optimizer)));
+  *kind = spec.optimizer;
   return Status::OK;
 }
 
-Status PsService::check_dim(uint32_t dim) const {
-  if (dim != opts_.dim)
-    return invalid(absl::StrCat("dim ", dim, " does not match the table's dim ", opts_.dim));
+Status PsService::check_lr(float lr, const std::string& who) {
+  if (!std::isfinite(lr)) return invalid(absl::StrCat(who, "lr is not finite (", lr, ")"));
+  if (!(lr > 0.0f)) return invalid(absl::StrCat(who, "lr must be > 0, got lr ", lr));
   return Status::OK;
 }
 
-Status PsService::check_rows(const std::string& keys, const std::string* grads, size_t* n,
-                             Encoding enc) const {
+Status PsService::resolve_parts(const std::string& table, uint32_t dim,
+                                const google::protobuf::RepeatedPtrField<TablePart>& parts,
+                                size_t n, bool update, float lr, int optimizer,
+                                std::vector<Part>* out) const {
+  out->clear();
+  if (parts.empty()) {  // the one-table form
+    Part p;
+    PS_RETURN_IF_ERROR(find_table(table, &p.table));
+    if (dim != p.table->dim())
+      return invalid(absl::StrCat("dim ", dim, " does not match the table's dim ", p.table->dim()));
+    p.count = n;
+    if (update) {
+      PS_RETURN_IF_ERROR(check_lr(lr, ""));
+      PS_RETURN_IF_ERROR(kind_for(*p.table, optimizer, &p.kind));
+      p.lr = lr;
+    }
+    out->push_back(p);
+    return Status::OK;
+  }
+  out->reserve(parts.size());
+  uint64_t total = 0;
+  for (const TablePart& tp : parts) {
+    Part p;
+    PS_RETURN_IF_ERROR(find_table(tp.table(), &p.table));
+    const std::string who = absl::StrCat("table '", p.table->spec().name, "': ");
+    for (const Part& q : *out)
+      if (q.table == p.table) return invalid(absl::StrCat(who, "named by two parts"));
+    if (tp.dim() != p.table->dim())
+      return invalid(
+          absl::StrCat(who, "dim ", tp.dim(), " does not match the table's dim ", p.table->dim()));
+    if (tp.count() > n - std::min<uint64_t>(total, n))
+      return invalid(absl::StrCat(who, "the parts' counts exceed the request's ", n, " keys"));
+    p.begin = total;
+    p.count = tp.count();
+    total += tp.count();
+    if (update) {
+      PS_RETURN_IF_ERROR(check_lr(tp.lr(), who));
+      PS_RETURN_IF_ERROR(kind_for(*p.table, optimizer, &p.kind));
+      p.lr = tp.lr();
+    }
+    out->push_back(p);
+  }
+  if (total != n)
+    return invalid(
+        absl::StrCat("the parts' counts sum to ", total, ", the request has ", n, " keys"));
+  return Status::OK;
+}
+
+Status PsService::check_keys(const std::string& keys, size_t* n) const {
   if (keys.size() % sizeof(int64_t) != 0)
     return invalid(absl::StrCat("keys has ", keys.size(), " bytes, not a multiple of 8"));
   *n = keys.size() / sizeof(int64_t);
-  if (grads != nullptr) {
-    const uint64_t row_bytes = encoded_row_bytes(enc, opts_.dim);
-    const uint64_t want = static_cast<uint64_t>(*n) * row_bytes;
-    if (grads->size() != want)
-      return invalid(absl::StrCat("grads has ", grads->size(), " bytes, expected ", want, " (", *n,
-                                  " keys x ", row_bytes_text(enc, opts_.dim), ")"));
-  }
   return Status::OK;
+}
+
+Status PsService::check_grads(const std::vector<Part>& parts, const std::string& grads,
+                              Encoding enc) const {
+  uint64_t want = 0;
+  for (const Part& p : parts)
+    want += static_cast<uint64_t>(p.count) * encoded_row_bytes(enc, p.table->dim());
+  if (grads.size() == want) return Status::OK;
+  if (parts.size() == 1) {
+    const uint32_t dim = parts[0].table->dim();
+    return invalid(absl::StrCat("grads has ", grads.size(), " bytes, expected ", want, " (",
+                                parts[0].count, " keys x ", row_bytes_text(enc, dim), ")"));
+  }
+  return invalid(absl::StrCat("grads has ", grads.size(), " bytes, expected ", want,
+                              " (each part's keys x its table's row bytes)"));
 }
 
 Status PsService::check_encoding(int compression, Encoding* enc) const {
@@ -153,11 +259,13 @@ bool PsService::DecodeBudget::reserve(uint64_t bytes, uint64_t limit, uint64_t* 
   return true;
 }
 
-Status PsService::decode_grads(Encoding enc, const std::string& keys, std::string* grads,
+Status PsService::decode_grads(Encoding enc, const std::vector<Part>& parts,
+                               const std::string& keys, std::string* grads,
                                const std::string& where, DecodeBudget* budget) const {
   if (enc == Encoding::kNone) return Status::OK;
-  const size_t n = keys.size() / sizeof(int64_t);
-  const uint64_t decoded = static_cast<uint64_t>(n) * opts_.dim * sizeof(float);
+  uint64_t decoded = 0;
+  for (const Part& p : parts)
+    decoded += static_cast<uint64_t>(p.count) * p.table->dim() * sizeof(float);
   uint64_t in_use = 0;
   if (!budget->reserve(decoded, opts_.max_memory_bytes, &in_use))
     return Status(StatusCode::RESOURCE_EXHAUSTED,
@@ -167,54 +275,56 @@ Status PsService::decode_grads(Encoding enc, const std::string& keys, std::strin
                                opts_.max_memory_bytes, "; nothing of it is applied (retry)"));
   if (hooks_ != nullptr) hooks_->reach(TestPoint::kDecodeReserved);  // test-only
   std::string rows(decoded, '\0');
-  size_t bad = 0;
-  CodecError err;
-  if (!decode_rows(enc, grads->data(), n, opts_.dim, rows.data(), &bad, &err)) {
-    int64_t key;
-    std::memcpy(&key, keys.data() + bad * sizeof(int64_t), sizeof(key));
-    return invalid(absl::StrCat("grads of key ", key, " in ", where, " are no valid ",
-                                encoding_name(enc), " row: ", describe(enc, err),
-                                "; nothing of it is applied"));
+  const char* in = grads->data();
+  char* out = rows.data();
+  for (const Part& p : parts) {
+    const uint32_t dim = p.table->dim();
+    size_t bad = 0;
+    CodecError err;
+    if (!decode_rows(enc, in, p.count, dim, out, &bad, &err)) {
+      int64_t key;
+      std::memcpy(&key, keys.data() + (p.begin + bad) * sizeof(int64_t), sizeof(key));
+      const std::string table =
+          parts.size() > 1 ? absl::StrCat(" of table '", p.table->spec().name, "'") : "";
+      return invalid(absl::StrCat("grads of key ", key, table, " in ", where, " are no valid ",
+                                  encoding_name(enc), " row: ", describe(enc, err),
+                                  "; nothing of it is applied"));
+    }
+    in += p.count * encoded_row_bytes(enc, dim);
+    out += p.count * dim * sizeof(float);
   }
   grads->swap(rows);
   return Status::OK;
 }
 
-Status PsService::check_update(float lr, int optimizer, OptimizerKind* kind) const {
-  if (!std::isfinite(lr)) return invalid(absl::StrCat("lr is not finite (", lr, ")"));
-  if (!(lr > 0.0f)) return invalid(absl::StrCat("lr must be > 0, got lr ", lr));
-  if (optimizer == Optimizer::SGD) {
-    *kind = OptimizerKind::kSgd;
-  } else if (optimizer == Optimizer::ROWWISE_ADAGRAD) {
-    *kind = OptimizerKind::kRowwiseAdagrad;
-  } else {
-    return invalid(absl::StrCat("unknown optimizer ", optimizer));
+Status PsService::check_finite(const std::vector<Part>& parts, const std::string& keys,
+                               const std::string& grads, const std::string& where) const {
+  const char* g = grads.data();
+  for (const Part& p : parts) {
+    const uint32_t dim = p.table->dim();
+    const size_t count = p.count * dim;
+    const size_t i = first_non_finite(g, count);
+    if (i < count) {
+      const size_t row = p.begin + i / dim;
+      int64_t key;
+      std::memcpy(&key, keys.data() + row * sizeof(int64_t), sizeof(key));
+      float v;
+      std::memcpy(&v, g + i * sizeof(float), sizeof(v));
+      const std::string table =
+          parts.size() > 1 ? absl::StrCat("table '", p.table->spec().name, "' ") : "";
+      return invalid(absl::StrCat("non-finite gradient in ", where, ": ", table, "key ", key,
+                                  " column ", i % dim, " is ", v, "; nothing of it is applied"));
+    }
+    g += count * sizeof(float);
   }
   return Status::OK;
-}
-
-Status PsService::check_finite(const std::string& keys, const std::string& grads,
-                               const std::string& where) const {
-  const size_t count = grads.size() / sizeof(float);
-  const size_t i = first_non_finite(grads.data(), count);
-  if (i == count) return Status::OK;
-  const size_t row = i / opts_.dim;
-  int64_t key;
-  std::memcpy(&key, keys.data() + row * sizeof(int64_t), sizeof(key));
-  float v;
-  std::memcpy(&v, grads.data() + i * sizeof(float), sizeof(v));
-  return invalid(absl::StrCat("non-finite gradient in ", where, ": key ", key, " column ",
-                              i % opts_.dim, " is ", v, "; nothing of it is applied"));
 }
 
 // ---- the shared preamble ---------------------------------------------------------------
 
 template <class Req>
 Status PsService::admit(const BB& req, Req* r) const {
-  PS_RETURN_IF_ERROR(parse_request(req, r));
-  if constexpr (HasTable<Req>::value) PS_RETURN_IF_ERROR(check_table(r->table()));
-  if constexpr (HasDim<Req>::value) PS_RETURN_IF_ERROR(check_dim(r->dim()));
-  return Status::OK;
+  return parse_request(req, r);
 }
 
 template <class Req>
@@ -263,6 +373,7 @@ Status PsService::dispatch(Method m, const BB& req, BB* resp, bool wait) {
     case Method::kShutdown: return call(req, resp, &PsService::do_shutdown);
     case Method::kSave: return call(req, resp, &PsService::do_save);
     case Method::kLoad: return call(req, resp, &PsService::do_load);
+    case Method::kCreateTables: return call(req, resp, &PsService::do_create_tables);
     case Method::kWaitCommitted: break;
   }
   return Status(StatusCode::INTERNAL, "WaitCommitted is not a unary method here");
@@ -289,7 +400,9 @@ Status PsService::start_wait(const BB& req, Clock::time_point deadline,
 
 Status PsService::do_pull(PullRequest& r, BB* resp) {
   size_t n = 0;
-  PS_RETURN_IF_ERROR(check_rows(r.keys(), nullptr, &n));
+  PS_RETURN_IF_ERROR(check_keys(r.keys(), &n));
+  std::vector<Part> parts;
+  PS_RETURN_IF_ERROR(resolve_parts(r.table(), r.dim(), r.parts(), n, false, 0.0f, 0, &parts));
   Encoding enc;
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
   if (r.row_steps() && !r.has_session())
@@ -300,7 +413,7 @@ Status PsService::do_pull(PullRequest& r, BB* resp) {
   // Read before the rows are gathered: they hold at least every step up to it.
   PullExtras extras{r.session(), std::nullopt, r.row_steps(), r.row_states()};
   if (r.has_session()) extras.session = sessions_.position(r.session());
-  return write_rows(reinterpret_cast<const int64_t*>(r.keys().data()), n, enc, extras, resp);
+  return write_rows(reinterpret_cast<const int64_t*>(r.keys().data()), parts, enc, extras, resp);
 }
 
 namespace {
@@ -324,62 +437,83 @@ uint8_t steps_beyond(int64_t last_update, int64_t committed, const CommitSession
 
 }  // namespace
 
-Status PsService::write_rows(const int64_t* keys, size_t n, Encoding enc, const PullExtras& extras,
-                             BB* resp) const {
-  const std::optional<int64_t> committed =
-      extras.session ? std::optional<int64_t>(extras.session->committed) : std::nullopt;
+Status PsService::write_rows(const int64_t* keys, const std::vector<Part>& parts, Encoding enc,
+                             const PullExtras& extras, BB* resp) const {
+  // The session's committed step, when the request named one (a plain pair, not an optional:
+  // GCC sees an optional's payload as maybe unset across the gather loop).
+  const bool has_committed = extras.session.has_value();
+  const int64_t committed_step = has_committed ? extras.session->committed : -1;
   // PullResponse by hand: the values field's header, the rows gathered straight into the
   // buffer (encoded through a cache-sized block when compressed), then committed_step,
   // row_steps and row_states.  Refused before allocating when gRPC would refuse to send it.
   constexpr int kValues = PullResponse::kValuesFieldNumber;
   constexpr int kCommitted = PullResponse::kCommittedStepFieldNumber;
-  const size_t row_bytes = encoded_row_bytes(enc, opts_.dim);
-  const size_t payload = n * row_bytes;
+  size_t n = 0, payload = 0, state_floats = 0;
+  for (const Part& part : parts) {
+    n += part.count;
+    payload += part.count * encoded_row_bytes(enc, part.table->dim());
+    state_floats += part.count * part.table->state_floats();
+  }
   const size_t steps_bytes = extras.steps ? n : 0;
-  const size_t states_bytes = extras.states ? n * sizeof(float) : 0;
+  const size_t states_bytes = extras.states ? state_floats * sizeof(float) : 0;
   const auto optional_bytes = [](int field, size_t len) {
     return len > 0 ? wire::bytes_field_size(field, len) : 0;
   };
-  const size_t reply_bytes = optional_bytes(kValues, payload) +
-                             (committed ? wire::int64_field_size(kCommitted, *committed) : 0) +
-                             optional_bytes(PullResponse::kRowStepsFieldNumber, steps_bytes) +
-                             optional_bytes(PullResponse::kRowStatesFieldNumber, states_bytes);
-  if (reply_bytes > static_cast<size_t>(opts_.max_message_bytes))
+  const size_t reply_bytes =
+      optional_bytes(kValues, payload) +
+      (has_committed ? wire::int64_field_size(kCommitted, committed_step) : 0) +
+      optional_bytes(PullResponse::kRowStepsFieldNumber, steps_bytes) +
+      optional_bytes(PullResponse::kRowStatesFieldNumber, states_bytes);
+  if (reply_bytes > static_cast<size_t>(opts_.max_message_bytes)) {
+    const std::string rows =
+        parts.size() == 1 ? absl::StrCat(n, " keys x ", row_bytes_text(enc, parts[0].table->dim()))
+                          : absl::StrCat(n, " keys of ", parts.size(), " tables");
     return Status(StatusCode::RESOURCE_EXHAUSTED,
-                  absl::StrCat("Pull reply of ", reply_bytes, " bytes (", n, " keys x ",
-                               row_bytes_text(enc, opts_.dim), ") exceeds max_message_bytes ",
-                               opts_.max_message_bytes));
+                  absl::StrCat("Pull reply of ", reply_bytes, " bytes (", rows,
+                               ") exceeds max_message_bytes ", opts_.max_message_bytes));
+  }
   std::vector<int64_t> steps(steps_bytes > 0 ? n : 0);
-  std::vector<float> states(states_bytes > 0 ? n : 0);
-  float* state_out = states.empty() ? nullptr : states.data();
-  int64_t* step_out = steps.empty() ? nullptr : steps.data();
+  std::vector<float> states(states_bytes > 0 ? state_floats : 0);
   uint8_t* p = wire::alloc_buffer(reply_bytes, resp);
   if (payload > 0) p = wire::put_bytes_header(kValues, payload, p);
-  if (enc == Encoding::kNone) {
-    table_.gather(keys, n, p, state_out, step_out);
-  } else {
-    constexpr size_t kBlockFloats = 16384;  // 64 KiB of float32 rows at a time
-    const size_t block = std::max<size_t>(1, kBlockFloats / opts_.dim);
-    std::vector<float> rows(std::min(n, block) * opts_.dim);
-    for (size_t b = 0; b < n; b += block) {
-      const size_t m = std::min(block, n - b);
-      table_.gather(keys + b, m, rows.data(), state_out ? state_out + b : nullptr,
-                    step_out ? step_out + b : nullptr);
-      size_t bad = 0;
-      CodecError err;
-      if (!encode_rows(enc, rows.data(), m, opts_.dim, p + b * row_bytes, &bad, &err))
-        return Status(StatusCode::OUT_OF_RANGE,
-                      absl::StrCat("the row of key ", keys[b + bad], " cannot be pulled as ",
-                                   encoding_name(enc), ": ", describe(enc, err),
-                                   "; pull it with compression none"));
+  size_t state_at = 0;  // floats of `states` the parts before this one filled
+  for (const Part& part : parts) {
+    const ShardTable& table = *part.table;
+    const uint32_t dim = table.dim(), sw = table.state_floats();
+    const int64_t* k = keys + part.begin;
+    float* state_out = states.empty() ? nullptr : states.data() + state_at;
+    int64_t* step_out = steps.empty() ? nullptr : steps.data() + part.begin;
+    const size_t row_bytes = encoded_row_bytes(enc, dim);
+    if (enc == Encoding::kNone) {
+      table.gather(k, part.count, p, state_out, step_out);
+    } else {
+      constexpr size_t kBlockFloats = 16384;  // 64 KiB of float32 rows at a time
+      const size_t block = std::max<size_t>(1, kBlockFloats / dim);
+      std::vector<float> rows(std::min(part.count, block) * dim);
+      for (size_t b = 0; b < part.count; b += block) {
+        const size_t m = std::min(block, part.count - b);
+        table.gather(k + b, m, rows.data(), state_out ? state_out + b * sw : nullptr,
+                     step_out ? step_out + b : nullptr);
+        size_t bad = 0;
+        CodecError err;
+        if (!encode_rows(enc, rows.data(), m, dim, p + b * row_bytes, &bad, &err))
+          return Status(
+              StatusCode::OUT_OF_RANGE,
+              absl::StrCat("the row of key ", k[b + bad],
+                           parts.size() > 1 ? absl::StrCat(" of table '", table.spec().name, "'")
+                                            : std::string(),
+                           " cannot be pulled as ", encoding_name(enc), ": ", describe(enc, err),
+                           "; pull it with compression none"));
+      }
     }
+    p += part.count * row_bytes;
+    state_at += part.count * sw;
   }
-  p += payload;
-  if (committed) p = wire::put_int64_field(kCommitted, *committed, p);
+  if (has_committed) p = wire::put_int64_field(kCommitted, committed_step, p);
   if (steps_bytes > 0) {
     const CommitSessions::Writes w = sessions_.writes(extras.session_id);  // after the gather
     p = wire::put_bytes_header(PullResponse::kRowStepsFieldNumber, steps_bytes, p);
-    for (size_t i = 0; i < n; ++i) *p++ = steps_beyond(steps[i], *committed, w);
+    for (size_t i = 0; i < n; ++i) *p++ = steps_beyond(steps[i], committed_step, w);
   }
   if (states_bytes > 0) {
     p = wire::put_bytes_header(PullResponse::kRowStatesFieldNumber, states_bytes, p);
@@ -392,26 +526,36 @@ Status PsService::do_push(PushRequest& r, BB* resp, bool wait) {
   size_t n = 0;
   Encoding enc;
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
-  PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n, enc));
+  PS_RETURN_IF_ERROR(check_keys(r.keys(), &n));
+  std::vector<Part> parts;
+  PS_RETURN_IF_ERROR(
+      resolve_parts(r.table(), r.dim(), r.parts(), n, true, r.lr(), r.optimizer(), &parts));
+  PS_RETURN_IF_ERROR(check_grads(parts, r.grads(), enc));
   DecodeBudget budget(decoding_bytes_);  // until the push is applied
-  PS_RETURN_IF_ERROR(decode_grads(enc, r.keys(), r.mutable_grads(), "push", &budget));
-  OptimizerKind kind;
-  PS_RETURN_IF_ERROR(check_update(r.lr(), r.optimizer(), &kind));
-  PS_RETURN_IF_ERROR(check_finite(r.keys(), r.grads(), "push"));
-  RowAccumulator acc(opts_.dim);
-  acc.reserve(n);
-  acc.add(r.keys().data(), r.grads().data(), n);
-  try {  // all or nothing (table.h); a full stripe is the caller's problem, not a crash
-    table_.apply(acc.keys().data(), acc.sums().data(), acc.size(), r.lr(), kind, wait);
-  } catch (const TableFull& e) {
-    return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
-  } catch (const std::bad_alloc&) {
-    return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory applying the push");
+  PS_RETURN_IF_ERROR(decode_grads(enc, parts, r.keys(), r.mutable_grads(), "push", &budget));
+  PS_RETURN_IF_ERROR(check_finite(parts, r.keys(), r.grads(), "push"));
+  size_t updated = 0;
+  const char* g = r.grads().data();
+  // Table after table (a push is no step: each table's part is all or nothing on its own).
+  for (const Part& p : parts) {
+    const uint32_t dim = p.table->dim();
+    RowAccumulator acc(dim);
+    acc.reserve(p.count);
+    acc.add(r.keys().data() + p.begin * sizeof(int64_t), g, p.count);
+    g += p.count * dim * sizeof(float);
+    try {  // all or nothing (table.h); a full stripe is the caller's problem, not a crash
+      p.table->apply(acc.keys().data(), acc.sums().data(), acc.size(), p.lr, p.kind, wait);
+    } catch (const TableFull& e) {
+      return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory applying the push");
+    }
+    updated += acc.size();
   }
   counters_.push_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.push_keys.fetch_add(n, std::memory_order_relaxed);
   PushResponse out;
-  out.set_rows_updated(acc.size());
+  out.set_rows_updated(updated);
   wire::serialize(out, resp);
   return Status::OK;
 }
@@ -420,17 +564,18 @@ Status PsService::do_commit(CommitRequest& r, BB* resp, bool wait) {
   size_t n = 0;
   Encoding enc;
   PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
-  PS_RETURN_IF_ERROR(check_rows(r.keys(), &r.grads(), &n, enc));
+  PS_RETURN_IF_ERROR(check_keys(r.keys(), &n));
+  std::vector<Part> parts;
+  PS_RETURN_IF_ERROR(
+      resolve_parts(r.table(), r.dim(), r.parts(), n, true, r.lr(), r.optimizer(), &parts));
+  PS_RETURN_IF_ERROR(check_grads(parts, r.grads(), enc));
+  const std::string where =
+      absl::StrCat("session ", r.session(), " step ", r.step(), " rank ", r.rank());
   // Decoded on arrival: the session holds, compares (retries) and sums float32 rows.
   DecodeBudget budget(decoding_bytes_);  // until the session took (or dropped) the chunk
-  PS_RETURN_IF_ERROR(decode_grads(
-      enc, r.keys(), r.mutable_grads(),
-      absl::StrCat("session ", r.session(), " step ", r.step(), " rank ", r.rank()), &budget));
+  PS_RETURN_IF_ERROR(decode_grads(enc, parts, r.keys(), r.mutable_grads(), where, &budget));
+  PS_RETURN_IF_ERROR(check_finite(parts, r.keys(), r.grads(), where));
   CommitChunk c;
-  PS_RETURN_IF_ERROR(check_update(r.lr(), r.optimizer(), &c.optimizer));
-  PS_RETURN_IF_ERROR(
-      check_finite(r.keys(), r.grads(),
-                   absl::StrCat("session ", r.session(), " step ", r.step(), " rank ", r.rank())));
   c.session = r.session();
   c.step = r.step();
   c.rank = r.rank();
@@ -439,7 +584,8 @@ Status PsService::do_commit(CommitRequest& r, BB* resp, bool wait) {
   c.chunk_count = r.chunk_count();
   c.max_ahead = r.max_ahead();
   c.base_step = r.base_step();
-  c.lr = r.lr();
+  c.parts.reserve(parts.size());
+  for (const Part& p : parts) c.parts.push_back(ChunkPart{p.table, p.count, p.lr, p.kind});
   c.keys.swap(*r.mutable_keys());
   c.grads.swap(*r.mutable_grads());
   int64_t committed = -1;

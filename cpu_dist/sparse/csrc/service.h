@@ -22,6 +22,7 @@
 #include "paging.h"
 #include "ps.pb.h"
 #include "table.h"
+#include "tables.h"
 #include "test_hooks.h"
 #include "token.h"
 
@@ -30,11 +31,17 @@ namespace cpu_dist::ps {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;
+  // The one table the shard's flags declare (a job without a job file): with dim > 0 and no
+  // `tables`, the shard holds `table` of dim, seed, init_scale and the rules below, whose
+  // optimizer each request names (ShardTableSpec::flag_declared).
   uint32_t dim = 0;
   std::string token;
   std::string table = "embedding";
   uint64_t seed = 0;
   float init_scale = 0.0f;
+  // The tables of the shard instead (then dim must be 0; admit_after, expire_after and seed
+  // are each spec's).  Neither: no table until CreateTables.
+  std::vector<ShardTableSpec> tables;
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   int max_message_bytes = 64 << 20;
@@ -54,6 +61,7 @@ struct ServerOptions {
   // Tiers (table.h): DRAM rows (0: unbounded) and the SSD tier's parent directory (empty:
   // none); the step rules (table_rules.h): admit_after N (0, 1: off), expire_after S (0: off).
   uint64_t memory_rows = 0;
+  uint64_t memory_bytes = 0;  // the shard's DRAM budget in bytes, every table's (0: none)
   std::string ssd_dir;
   uint32_t admit_after = 0;
   uint32_t expire_after = 0;
@@ -79,6 +87,7 @@ enum class Method {
   kShutdown,
   kSave,
   kLoad,
+  kCreateTables,
 };
 
 // The method a call path ("/cpu_dist.ps.ParameterServer/Pull") names, if any.
@@ -128,22 +137,48 @@ class PsService {
   grpc::Status do_shutdown(ShutdownRequest& r, BB* resp);
   grpc::Status do_save(SaveRequest& r, BB* resp);
   grpc::Status do_load(LoadRequest& r, BB* resp);
+  grpc::Status do_create_tables(CreateTablesRequest& r, BB* resp);
   grpc::Status load_files(LoadRequest& r, BB* resp);    // stages LOAD, PREPARE
   grpc::Status finish_load(LoadStage stage, BB* resp);  // stages COMMIT, ABORT
+  // The table a format 2 Save/Load names: FAILED_PRECONDITION unless it is the shard's one
+  // table, keyed like the default one with one state float a row (what format 2 holds).
+  grpc::Status checkpoint_table(const std::string& name, ShardTable** out) const;
   // `rel` inside the checkpoint directory (no absolute path, no "..") -> full path.
   grpc::Status checkpoint_path(const std::string& rel, std::string* full) const;
 
-  // Parses the request and checks the table and the dim where the message has them.
+  // Parses the request (each method resolves its tables itself: resolve_parts, find_table).
   template <class Req>
   grpc::Status admit(const BB& req, Req* r) const;
   template <class Req>
   grpc::Status call(const BB& req, BB* resp, grpc::Status (PsService::*body)(Req&, BB*));
 
-  grpc::Status check_table(const std::string& table) const;
-  grpc::Status check_dim(uint32_t dim) const;
-  // Keys a multiple of 8 bytes; grads (when given) one row per key encoded as `enc`.
-  grpc::Status check_rows(const std::string& keys, const std::string* grads, size_t* n,
-                          Encoding enc = Encoding::kNone) const;
+  // A request's share of one table: keys [begin, begin + count) of its keys, their rows (at
+  // the table's dim) in the same order in grads and in the reply; lr and the optimizer of an
+  // update.  One-table requests have one part.
+  struct Part {
+    ShardTable* table = nullptr;
+    size_t begin = 0;
+    size_t count = 0;
+    float lr = 0.0f;
+    OptimizerKind kind = OptimizerKind::kSgd;
+  };
+  // The request's parts: without `parts`, the one table `table` of `dim` (the one-table
+  // form); with them, each part's table (NOT_FOUND naming it), its dim, counts summing to the
+  // n keys, no table twice.  With `update`: every part's lr finite and > 0, and its optimizer
+  // (kind_for).  Errors name the table.
+  grpc::Status resolve_parts(const std::string& table, uint32_t dim,
+                             const google::protobuf::RepeatedPtrField<TablePart>& parts, size_t n,
+                             bool update, float lr, int optimizer, std::vector<Part>* out) const;
+  // The table named `name` (NOT_FOUND naming it and the shard's tables).
+  grpc::Status find_table(const std::string& name, ShardTable** out) const;
+  // The optimizer an update of `t` runs: the spec's (a request naming another is refused), or
+  // for a flag-declared table the request's (sgd, rowwise_adagrad), as before tables.
+  grpc::Status kind_for(const ShardTable& t, int optimizer, OptimizerKind* kind) const;
+  // Keys a multiple of 8 bytes (*n of them).
+  grpc::Status check_keys(const std::string& keys, size_t* n) const;
+  // grads one row per key of every part, at the part's dim, encoded as `enc`.
+  grpc::Status check_grads(const std::vector<Part>& parts, const std::string& grads,
+                           Encoding enc) const;
   grpc::Status check_encoding(int compression, Encoding* enc) const;
   // Bytes of decoded gradients a request holds beside its (encoded) message, counted against
   // max_memory_bytes with every other request's before they are allocated; released when
@@ -164,8 +199,9 @@ class PsService {
   // Replaces encoded gradients by their float32 rows (codec.h), before anything else looks
   // at them; INVALID_ARGUMENT naming `where` and the key when a row is no valid encoding,
   // RESOURCE_EXHAUSTED (nothing allocated) when `budget` cannot take the decoded rows.
-  grpc::Status decode_grads(Encoding enc, const std::string& keys, std::string* grads,
-                            const std::string& where, DecodeBudget* budget) const;
+  grpc::Status decode_grads(Encoding enc, const std::vector<Part>& parts, const std::string& keys,
+                            std::string* grads, const std::string& where,
+                            DecodeBudget* budget) const;
   // What a pull's reply carries beside its rows (PullRequest's session, row_steps and
   // row_states): the session's position, read before the rows are gathered.
   struct PullExtras {
@@ -174,18 +210,22 @@ class PsService {
     bool steps = false;
     bool states = false;
   };
-  // A pull's reply: the rows of keys[n] encoded as `enc`, then the fields `extras` asks for.
-  grpc::Status write_rows(const int64_t* keys, size_t n, Encoding enc, const PullExtras& extras,
-                          BB* resp) const;
-  grpc::Status check_update(float lr, int optimizer, OptimizerKind* kind) const;
-  // Every gradient value finite; otherwise INVALID_ARGUMENT naming `where` and the key.
-  grpc::Status check_finite(const std::string& keys, const std::string& grads,
-                            const std::string& where) const;
+  // A pull's reply: the rows of every part's keys encoded as `enc` (part after part, each at
+  // its table's dim), then the fields `extras` asks for (row_states: each part's
+  // state_floats() per row).
+  grpc::Status write_rows(const int64_t* keys, const std::vector<Part>& parts, Encoding enc,
+                          const PullExtras& extras, BB* resp) const;
+  // lr finite and > 0 (`who` names the table in errors).
+  static grpc::Status check_lr(float lr, const std::string& who);
+  // Every gradient value finite; otherwise INVALID_ARGUMENT naming `where`, the table and the
+  // key.
+  grpc::Status check_finite(const std::vector<Part>& parts, const std::string& keys,
+                            const std::string& grads, const std::string& where) const;
 
   const ServerOptions opts_;
   std::function<void()> on_shutdown_;
-  std::unique_ptr<TestHooks> hooks_;  // before table_, which points at it
-  ShardTable table_;
+  std::unique_ptr<TestHooks> hooks_;  // before tables_, which point at it
+  ShardTables tables_;
   CommitSessions sessions_;
   mutable Counters counters_;
   mutable std::atomic<uint64_t> decoding_bytes_{0};  // DecodeBudget

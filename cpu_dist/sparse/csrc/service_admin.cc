@@ -1,10 +1,12 @@
-// PsService: administration (AbortSessions, Stats, Health, Dump, Shutdown).
+// PsService: administration (AbortSessions, Stats, Health, Dump, Shutdown, CreateTables).
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "hashing.h"
 #include "paging.h"
@@ -52,9 +54,36 @@ Status PsService::do_abort(AbortSessionsRequest&, BB* resp) {
 
 StatsResponse PsService::stats() const {
   StatsResponse s;
-  s.set_rows(table_.rows());
-  s.set_dim(opts_.dim);
-  s.set_table_bytes(table_.bytes());
+  // Per table (name order), and the totals over them.
+  uint64_t rows = 0, bytes = 0;
+  TierStats sum;
+  const ShardTable* first = tables_.first();
+  tables_.for_each([&](const ShardTableSpec& spec, ShardTable& t) {
+    const uint64_t r = t.rows(), b = t.bytes();
+    const TierStats ts = t.tier_stats();
+    TableStats* out = s.add_tables();
+    out->set_name(spec.name);
+    out->set_dim(spec.dim);
+    out->set_rows(r);
+    out->set_rows_dram(ts.rows_dram);
+    out->set_rows_ssd(ts.rows_ssd);
+    out->set_ssd_bytes(ts.ssd_bytes);
+    out->set_rows_admitted(ts.rows_admitted);
+    out->set_rows_expired(ts.rows_expired);
+    out->set_bytes(b);
+    rows += r;
+    bytes += b;
+    sum.rows_dram += ts.rows_dram;
+    sum.rows_ssd += ts.rows_ssd;
+    sum.ssd_bytes += ts.ssd_bytes;
+    sum.rows_admitted += ts.rows_admitted;
+    sum.rows_expired += ts.rows_expired;
+    sum.pending_counts += ts.pending_counts;
+    sum.rows_read_ssd += ts.rows_read_ssd;
+  });
+  s.set_rows(rows);
+  s.set_dim(first != nullptr ? first->dim() : 0);  // the first (or only) table's
+  s.set_table_bytes(bytes);
   s.set_resident_bytes(resident_bytes());
   s.set_peak_resident_bytes(peak_resident_bytes());
   s.set_pull_calls(counters_.pull_calls.load());
@@ -70,14 +99,13 @@ StatsResponse PsService::stats() const {
   s.set_num_shards(opts_.num_shards);
   s.set_sessions(static_cast<uint32_t>(sessions_.live_sessions()));
   s.set_waiters(static_cast<uint32_t>(sessions_.waiters()));
-  const TierStats t = table_.tier_stats();
-  s.set_rows_dram(t.rows_dram);
-  s.set_rows_ssd(t.rows_ssd);
-  s.set_ssd_bytes(t.ssd_bytes);
-  s.set_rows_admitted(t.rows_admitted);
-  s.set_rows_expired(t.rows_expired);
-  s.set_pending_counts(t.pending_counts);
-  s.set_rows_read_ssd(t.rows_read_ssd);
+  s.set_rows_dram(sum.rows_dram);
+  s.set_rows_ssd(sum.rows_ssd);
+  s.set_ssd_bytes(sum.ssd_bytes);
+  s.set_rows_admitted(sum.rows_admitted);
+  s.set_rows_expired(sum.rows_expired);
+  s.set_pending_counts(sum.pending_counts);
+  s.set_rows_read_ssd(sum.rows_read_ssd);
   return s;
 }
 
@@ -91,28 +119,39 @@ Status PsService::do_health(HealthRequest&, BB* resp) {
   out.set_serving(true);
   out.set_shard_index(opts_.shard_index);
   out.set_num_shards(opts_.num_shards);
-  out.set_dim(opts_.dim);
-  out.set_table(opts_.table);
-  out.set_seed(opts_.seed);
-  out.set_init_scale(opts_.init_scale);
-  out.set_rows(table_.rows());
-  out.set_admit_after(opts_.admit_after);
-  out.set_expire_after(opts_.expire_after);
+  uint64_t rows = 0;
+  bool first = true;
+  tables_.for_each([&](const ShardTableSpec& spec, ShardTable& t) {
+    spec_to_proto(spec, out.add_tables());
+    rows += t.rows();
+    if (!std::exchange(first, false)) return;
+    // The one-table fields: the first (or only) table's, as before tables.
+    out.set_dim(spec.dim);
+    out.set_table(spec.name);
+    out.set_seed(spec.seed);
+    out.set_init_scale(spec.init_scale);
+    out.set_admit_after(spec.admit_after);
+    out.set_expire_after(spec.expire_after);
+  });
+  out.set_rows(rows);
   wire::serialize(out, resp);
   return Status::OK;
 }
 
-// One page: its keys are chosen in one pass (paging.h), then the reply is laid out and the
-// rows are copied from the table straight into it.
+// One page of one table: its keys are chosen in one pass (paging.h), then the reply is laid
+// out and the rows are copied from the table straight into it.
 Status PsService::do_dump(DumpRequest& r, BB* resp) {
+  ShardTable* table = nullptr;
+  PS_RETURN_IF_ERROR(find_table(r.table(), &table));
   if (r.partition() >= kNumPartitions)
     return invalid(absl::StrCat("partition ", r.partition(), " out of range (", kNumPartitions,
                                 " partitions)"));
+  const uint32_t dim = table->dim(), sw = table->state_floats();
   const uint64_t limit = static_cast<uint64_t>(opts_.max_message_bytes) - kDumpReplyOverhead;
   const uint64_t budget =
       std::min(r.max_bytes() == 0 ? kDefaultDumpPageBytes : r.max_bytes(), limit);
   const PageCursor from{r.partition(), r.after_key_set(), r.after_key()};
-  const PageKeys page = select_page(table_, from, budget / dump_row_bytes(opts_.dim));
+  const PageKeys page = select_page(*table, from, budget / dump_row_bytes(dim, sw));
   const size_t n = page.keys.size();
   DumpResponse head;
   head.set_done(page.done);
@@ -124,12 +163,56 @@ Status PsService::do_dump(DumpRequest& r, BB* resp) {
   const auto where = wire::serialize_reserving<3>(
       head,
       {wire::Reserve{DumpResponse::kKeysFieldNumber, n * sizeof(int64_t)},
-       wire::Reserve{DumpResponse::kValuesFieldNumber, n * opts_.dim * sizeof(float)},
-       wire::Reserve{DumpResponse::kStateFieldNumber, n * sizeof(float)}},
+       wire::Reserve{DumpResponse::kValuesFieldNumber, n * dim * sizeof(float)},
+       wire::Reserve{DumpResponse::kStateFieldNumber, n * sw * sizeof(float)}},
       resp);
   if (n == 0) return Status::OK;
   std::memcpy(where[0], page.keys.data(), n * sizeof(int64_t));
-  table_.read(page.keys.data(), n, where[1], where[2], nullptr);  // moves no row between tiers
+  table->read(page.keys.data(), n, where[1], where[2], nullptr);  // moves no row between tiers
+  return Status::OK;
+}
+
+// Every spec is checked against the shard's tables (and the request's others) before any table
+// is made, so a refused request creates none.
+Status PsService::do_create_tables(CreateTablesRequest& r, BB* resp) {
+  std::vector<ShardTableSpec> specs;
+  specs.reserve(r.tables_size());
+  for (const TableSpec& m : r.tables()) {
+    ShardTableSpec spec = spec_from_proto(m);
+    if (const std::string why = spec_error(spec); !why.empty()) return invalid(why);
+    for (const ShardTableSpec& other : specs)
+      if (other.name == spec.name)
+        return invalid(absl::StrCat("table '", absl::CHexEscape(spec.name),
+                                    "' is named twice in one CreateTables"));
+    if (const ShardTable* have = tables_.find(spec.name); have != nullptr) {
+      const std::string field = first_difference(have->spec(), spec);
+      if (!field.empty())
+        return Status(
+            StatusCode::FAILED_PRECONDITION,
+            absl::StrCat("table '", absl::CHexEscape(spec.name),
+                         "' exists on this shard with another ", field,
+                         have->spec().flag_declared ? " (declared by the shard's flags)" : "",
+                         "; no table was created"));
+    }
+    specs.push_back(std::move(spec));
+  }
+  size_t num_tables = tables_.size();  // after this request
+  for (const ShardTableSpec& spec : specs) num_tables += tables_.find(spec.name) == nullptr;
+  if (const std::string why =
+          budget_refusal(opts_.memory_rows, opts_.memory_bytes, !opts_.ssd_dir.empty(), num_tables);
+      !why.empty())
+    return Status(StatusCode::FAILED_PRECONDITION, absl::StrCat(why, "; no table was created"));
+  CreateTablesResponse out;
+  for (const ShardTableSpec& spec : specs) {
+    bool created = false;
+    PS_RETURN_IF_ERROR(tables_.create(spec, &created));
+    if (created) {
+      out.set_created(out.created() + 1);
+    } else {
+      out.set_existing(out.existing() + 1);
+    }
+  }
+  wire::serialize(out, resp);
   return Status::OK;
 }
 

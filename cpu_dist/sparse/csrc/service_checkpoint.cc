@@ -31,12 +31,28 @@ Status PsService::checkpoint_path(const std::string& rel, std::string* full) con
   return Status::OK;
 }
 
+// Format 2 files hold one table keyed like the default one, with one state float a row: the
+// shard's only table (checkpoint format 3 holds several).
+Status PsService::checkpoint_table(const std::string& name, ShardTable** out) const {
+  PS_RETURN_IF_ERROR(find_table(name, out));
+  const ShardTableSpec& spec = (*out)->spec();
+  if (tables_.size() != 1 || spec.salt() != 0 || spec.state_floats() != 1)
+    return Status(
+        StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("checkpoint format 2 holds a shard's one table '", std::string(kDefaultTable),
+                     "' with one state float a row; this shard holds ", tables_.size(),
+                     " tables ('", spec.name, "': ", optimizer_name(spec.optimizer), ")"));
+  return Status::OK;
+}
+
 Status PsService::do_save(SaveRequest& r, BB* resp) {
   std::string path;
   PS_RETURN_IF_ERROR(checkpoint_path(r.path(), &path));
+  ShardTable* table = nullptr;
+  PS_RETURN_IF_ERROR(checkpoint_table(r.table(), &table));
   // From here until the file is written no update lands (pulls are still served), so the
   // session check below holds for the whole write.
-  const ShardTable::Frozen frozen = table_.freeze();
+  const ShardTable::Frozen frozen = table->freeze();
   if (hooks_ != nullptr) hooks_->reach(TestPoint::kSaveFrozen);  // test-only (test_hooks.h)
   if (r.check_session()) {
     const int64_t committed = sessions_.committed(r.session());
@@ -45,10 +61,11 @@ Status PsService::do_save(SaveRequest& r, BB* resp) {
                     absl::StrCat("session ", r.session(), " has committed step ", committed,
                                  ", not ", r.session_step(), ": not at the step boundary"));
   }
-  ckpt::ShardMeta meta{opts_.table, opts_.dim, opts_.shard_index, opts_.num_shards, r.step()};
+  ckpt::ShardMeta meta{table->spec().name, table->dim(), opts_.shard_index, opts_.num_shards,
+                       r.step()};
   ckpt::SaveResult res;
   try {
-    res = ckpt::save_shard(table_, frozen, meta, path);
+    res = ckpt::save_shard(*table, frozen, meta, path);
   } catch (const ckpt::CheckpointError& e) {
     return Status(e.code(), e.what());
   } catch (const std::exception& e) {
@@ -79,7 +96,7 @@ Status PsService::finish_load(LoadStage stage, BB* resp) {
     if (sessions_.live_sessions() != 0)
       return Status(StatusCode::FAILED_PRECONDITION,
                     "a commit session is open: load a checkpoint before training starts");
-    table_.adopt(*rows->staged);  // cannot fail
+    tables_.first()->adopt(*rows->staged);  // cannot fail (checkpoint_table: the one table)
     out.set_rows(rows->n);
     out.set_step(rows->step);
   }
@@ -106,12 +123,15 @@ Status PsService::load_files(LoadRequest& r, BB* resp) {
   if (sessions_.live_sessions() != 0)
     return Status(StatusCode::FAILED_PRECONDITION,
                   "a commit session is open: load a checkpoint before training starts");
+  ShardTable* table = nullptr;
+  PS_RETURN_IF_ERROR(checkpoint_table(r.table(), &table));
   std::lock_guard<std::mutex> lock(load_mu_);  // one load at a time
   prepared_.reset();
   auto rows = std::make_unique<ckpt::LoadedRows>();
   try {
-    *rows = ckpt::load_for_shard(files, opts_.table, table_, opts_.shard_index, opts_.num_shards);
-    if (r.stage() == LoadStage::LOAD) table_.adopt(*rows->staged);
+    *rows = ckpt::load_for_shard(files, table->spec().name, *table, opts_.shard_index,
+                                 opts_.num_shards);
+    if (r.stage() == LoadStage::LOAD) table->adopt(*rows->staged);
   } catch (const ckpt::CheckpointError& e) {
     return Status(e.code(), e.what());
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,19 +31,42 @@ std::string ShardTable::store_dir() const {
                       absl::Hex(r, absl::kZeroPad16));
 }
 
+namespace {
+ShardTableSpec flag_spec(uint32_t dim, uint64_t seed, float init_scale, RuleOptions rules) {
+  ShardTableSpec s;
+  s.dim = dim;
+  s.seed = seed;
+  s.init_scale = init_scale;
+  s.admit_after = rules.admit_after;
+  s.expire_after = rules.expire_after;
+  s.flag_declared = true;
+  return s;
+}
+}  // namespace
+
 ShardTable::ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes,
                        uint32_t max_blocks_per_stripe, TierOptions tiers, RuleOptions rules)
-    : dim_(dim),
-      seed_(seed),
-      init_scale_(init_scale),
+    : ShardTable(flag_spec(dim, seed, init_scale, rules), num_stripes, max_blocks_per_stripe,
+                 std::move(tiers)) {}
+
+ShardTable::ShardTable(ShardTableSpec spec, uint32_t num_stripes, uint32_t max_blocks_per_stripe,
+                       TierOptions tiers)
+    : spec_(std::move(spec)),
+      dim_(spec_.dim),
+      sw_(spec_.state_floats()),
+      seed_(spec_.seed ^ spec_.salt()),
+      init_scale_(spec_.init_scale),
+      eps_(spec_.eps),
       max_blocks_(std::clamp<uint32_t>(max_blocks_per_stripe, 1u, 65536u)),
-      slot_bytes_((size_t{dim} + 1) * sizeof(float) + 2 * sizeof(int64_t) + 1),
+      slot_bytes_((size_t{dim_} + sw_) * sizeof(float) + 2 * sizeof(int64_t) + 1),
       tiers_(std::move(tiers)),
       stripes_(std::max(1u, num_stripes)),
-      rules_(rules),
-      serial_(tiers_.memory_rows > 0 || !tiers_.ssd_dir.empty() || rules_.active()) {
+      rules_(spec_.rules()),
+      serial_(tiers_.memory_rows > 0 || !tiers_.ssd_dir.empty() || tiers_.budget ||
+              rules_.active()) {
   if (!tiers_.ssd_dir.empty()) {
-    store_ = std::make_unique<TierStore>(store_dir(), dim_);
+    // Keyed by the table's salted partitions, values with its state width (tier_store.h).
+    store_ = std::make_unique<TierStore>(store_dir(), dim_, spec_.salt(), sw_);
     if (tiers_.memory_rows > 0) {  // each stripe's share of the budget, at least one row
       const uint64_t S = stripes_.size();
       for (uint64_t s = 0; s < S; ++s) {
@@ -54,16 +78,19 @@ ShardTable::ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t n
       }
     }
   }
+  if (tiers_.budget) tiers_.budget->attach(this);  // last: the table can serve
 }
 
-ShardTable::~ShardTable() = default;
+ShardTable::~ShardTable() {
+  if (tiers_.budget) tiers_.budget->detach(this);
+}
 
 uint32_t ShardTable::stripe_of(int64_t key) const {
   return static_cast<uint32_t>((mix64(static_cast<uint64_t>(key) ^ kStripeSalt) >> 32) %
                                stripes_.size());
 }
 
-// A block of R slots: float rows[R][dim], float state[R], int64 keys[R], int64 steps[R],
+// A block of R slots: float rows[R][dim], float state[R][sw], int64 keys[R], int64 steps[R],
 // uint8 flags[R] (R is even, so the int64 arrays are aligned).
 float* ShardTable::row_ptr(const Slots& s, uint32_t slot) const {
   return reinterpret_cast<float*>(s.blocks[slot >> 16].get()) +
@@ -73,29 +100,30 @@ float* ShardTable::row_ptr(const Slots& s, uint32_t slot) const {
 float* ShardTable::state_ptr(const Slots& s, uint32_t slot) const {
   const size_t b = slot >> 16;
   return reinterpret_cast<float*>(s.blocks[b].get()) + size_t{block_rows(b)} * dim_ +
-         (slot & 0xFFFFu);
+         static_cast<size_t>(slot & 0xFFFFu) * sw_;
 }
 
 int64_t* ShardTable::key_ptr(const Slots& s, uint32_t slot) const {
   const size_t b = slot >> 16, r = block_rows(b);
-  return reinterpret_cast<int64_t*>(s.blocks[b].get() + r * (dim_ + 1) * sizeof(float)) +
+  return reinterpret_cast<int64_t*>(s.blocks[b].get() + r * (dim_ + sw_) * sizeof(float)) +
          (slot & 0xFFFFu);
 }
 
 int64_t* ShardTable::step_ptr(const Slots& s, uint32_t slot) const {
   const size_t b = slot >> 16, r = block_rows(b);
-  return reinterpret_cast<int64_t*>(s.blocks[b].get() + r * (dim_ + 1) * sizeof(float)) + r +
+  return reinterpret_cast<int64_t*>(s.blocks[b].get() + r * (dim_ + sw_) * sizeof(float)) + r +
          (slot & 0xFFFFu);
 }
 
 uint8_t* ShardTable::flags_ptr(const Slots& s, uint32_t slot) const {
   const size_t b = slot >> 16, r = block_rows(b);
   return reinterpret_cast<uint8_t*>(s.blocks[b].get()) +
-         r * ((dim_ + 1) * sizeof(float) + 2 * sizeof(int64_t)) + (slot & 0xFFFFu);
+         r * ((dim_ + sw_) * sizeof(float) + 2 * sizeof(int64_t)) + (slot & 0xFFFFu);
 }
 
 void ShardTable::init_row(int64_t key, float* out) const {
-  // Same arithmetic as cpu_dist::row_init, with the per-row part computed once.
+  // Same arithmetic as cpu_dist::row_init(seed, salt, ...), with the per-row part computed once
+  // (seed_ is the spec's seed ^ the table's salt).
   const uint64_t base = mix64(mix64(seed_) ^ static_cast<uint64_t>(key));
   for (uint32_t c = 0; c < dim_; ++c) {
     const uint64_t bits = mix64(base ^ static_cast<uint64_t>(c));
@@ -151,7 +179,7 @@ void ShardTable::release(Slots& s, uint32_t slot) const {
 uint32_t ShardTable::insert_first_touch(Slots& s, int64_t key) const {
   const uint32_t slot = take_slot(s, key);
   init_row(key, row_ptr(s, slot));
-  *state_ptr(s, slot) = 0.0f;
+  std::fill_n(state_ptr(s, slot), sw_, 0.0f);
   *step_ptr(s, slot) = kNoStep;
   *flags_ptr(s, slot) |= kDirty | kRef;  // no SSD copy: an eviction must write it
   return slot;
@@ -208,8 +236,16 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
   group_by_stripe(keys, n, order, starts);
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   const bool moving = may_move && store_ && frozen_.load() == 0;
-  const auto put_meta = [&](size_t i, float state, int64_t step) {
-    if (state_out != nullptr) std::memcpy(state_out + i * sizeof(float), &state, sizeof(state));
+  const size_t state_len = size_t{sw_} * sizeof(float);
+  // state: sw_ floats (null: zeros, a first-touch row's)
+  const auto put_meta = [&](size_t i, const float* state, int64_t step) {
+    if (state_out != nullptr) {
+      if (state != nullptr) {
+        std::memcpy(state_out + i * state_len, state, state_len);
+      } else {
+        std::memset(state_out + i * state_len, 0, state_len);  // 0.0f is all zero bits
+      }
+    }
     if (step_out != nullptr) std::memcpy(step_out + i * sizeof(step), &step, sizeof(step));
   };
   // Two passes per stripe: look every key up first (independent index probes overlap in the
@@ -220,7 +256,7 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
   std::vector<int64_t> mkeys;
   std::vector<char> values;
   std::vector<uint8_t> found;
-  std::vector<float> fresh;
+  std::vector<float> fresh, ssd_state;
   constexpr size_t kAhead = 8;
   bool first = true;
   for (size_t s = 0; s < stripes_.size(); ++s) {
@@ -247,7 +283,7 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
       }
       std::memcpy(out + size_t{i} * row_bytes, src[j], row_bytes);
       if (state_out != nullptr || step_out != nullptr)
-        put_meta(i, *state_ptr(st.s, slot[j]), *step_ptr(st.s, slot[j]));
+        put_meta(i, state_ptr(st.s, slot[j]), *step_ptr(st.s, slot[j]));
       if (moving) *flags_ptr(st.s, slot[j]) |= kRef;
     }
     if (missing.empty()) continue;
@@ -259,17 +295,17 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
       const uint32_t i = order[missing[q]];
       float* dst = reinterpret_cast<float*>(out + size_t{i} * row_bytes);
       if (ssd && found[q]) {
-        float state;
         int64_t step;
-        store_->decode_value(&values[q * vb], nullptr, &state, &step);
+        ssd_state.resize(sw_);
+        store_->decode_value(&values[q * vb], nullptr, ssd_state.data(), &step);
         std::memcpy(dst, &values[q * vb], row_bytes);
-        put_meta(i, state, step);
+        put_meta(i, ssd_state.data(), step);
         ++hits;
       } else {
         fresh.resize(dim_);
         init_row(keys[i], fresh.data());
         std::memcpy(dst, fresh.data(), row_bytes);
-        put_meta(i, 0.0f, kNoStep);
+        put_meta(i, nullptr, kNoStep);
       }
     }
     if (hits > 0) rows_read_ssd_.fetch_add(hits, std::memory_order_relaxed);
@@ -314,6 +350,27 @@ void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float 
                                          "its rows (the DRAM tier is over its budget): ",
                                          after->what()),
                             after->no_space());
+}
+
+void ShardTable::check_step_fits(const int64_t* keys, size_t n, int64_t step) const {
+  if (tiers_.memory_rows == 0 || store_) return;  // unbounded, or the SSD tier takes the rest
+  // Exact: the caller holds the step lock, and without an SSD tier a pull never inserts.
+  uint64_t held = 0, need = 0;
+  for (const Stripe& st : stripes_) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    held += st.s.index.size();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Stripe& st = stripes_[stripe_of(keys[i])];
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (!st.s.index.contains(keys[i]) && rules_.admits(keys[i])) ++need;
+  }
+  if (held + need <= tiers_.memory_rows) return;
+  throw MemoryFull(absl::StrCat(
+      "DRAM tier full: step ", step, " needs ", need, " new rows of table '", spec_.name,
+      "' beside the ", held, " held, over --ps-memory-rows ", tiers_.memory_rows,
+      " rows; no table of the step was changed.  Raise --ps-memory-rows or give the shards an "
+      "SSD tier with --ps-ssd-dir"));
 }
 
 bool ShardTable::seen_before(Stripe& st, int64_t key) {

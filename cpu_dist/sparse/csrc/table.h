@@ -1,5 +1,7 @@
-// One shard's table: int64 key -> row of `dim` float32, its optimizer accumulator and its
-// last-update step (row_meta.h), in a DRAM tier and, with an SSD directory, an SSD tier.
+// One shard's table: int64 key -> row of `dim` float32, its optimizer state (the spec's
+// state_floats(): 1 float, or dim for Adagrad) and its last-update step (row_meta.h), in a DRAM
+// tier and, with an SSD directory, an SSD tier.  Built from its spec (table_spec.h): the
+// table's salt (hashing.h) keys its first-touch rows and its partitions.
 //
 // Striped so that concurrent pulls and pushes rarely meet on a lock: S stripes, chosen by hash
 // bits independent of the partition function (otherwise every key of a shard would fall into
@@ -43,9 +45,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "huge_pages.h"
+#include "memory_budget.h"
 #include "optimizer.h"
 #include "row_meta.h"
 #include "table_rules.h"
+#include "table_spec.h"
 #include "test_hooks.h"
 #include "tier_store.h"
 
@@ -102,6 +106,9 @@ struct TierOptions {
   uint64_t memory_rows = 0;        // DRAM tier, rows (0: unbounded)
   std::string ssd_dir;             // SSD tier under this directory (empty: none)
   std::string ssd_name = "shard";  // prefix of the store's own directory in ssd_dir
+  // The shard's DRAM budget in bytes, shared by its tables (memory_budget.h); null: none (then
+  // memory_rows, a one-table budget).  Needs an SSD tier.
+  std::shared_ptr<MemoryBudget> budget;
 };
 
 struct TierStats {
@@ -112,7 +119,11 @@ struct TierStats {
 
 class ShardTable {
  public:
-  // max_blocks_per_stripe caps each stripe's slot storage (clamped to 1..65536).
+  // max_blocks_per_stripe caps each stripe's slot storage (clamped to 1..65536).  The rules
+  // are the spec's (admit_after, expire_after).
+  explicit ShardTable(ShardTableSpec spec, uint32_t num_stripes = 16,
+                      uint32_t max_blocks_per_stripe = 65536, TierOptions tiers = {});
+  // The one flag-declared table "embedding" (as before tables existed).
   ShardTable(uint32_t dim, uint64_t seed, float init_scale, uint32_t num_stripes = 16,
              uint32_t max_blocks_per_stripe = 65536, TierOptions tiers = {},
              RuleOptions rules = {});
@@ -121,6 +132,10 @@ class ShardTable {
   ShardTable& operator=(const ShardTable&) = delete;
 
   uint32_t dim() const { return dim_; }
+  const ShardTableSpec& spec() const { return spec_; }
+  // Floats of optimizer state per row (spec().state_floats()): every state_out below holds
+  // n * state_floats() floats, row after row.
+  uint32_t state_floats() const { return sw_; }
   const TierOptions& tier_options() const { return tiers_; }
   const RuleOptions& rule_options() const { return rules_.options(); }
 
@@ -129,11 +144,12 @@ class ShardTable {
   // inserted (a pull never grows the table).  Rows found only on SSD are brought into DRAM
   // (not while the table is frozen).  Throws TierError when the SSD tier cannot be read.
   void gather(const int64_t* keys, size_t n, void* out) const;
-  // A pull that also reports each row's accumulator (n floats) and last-update job step
-  // (n int64, kNoStep: none), read under the row's lock with it; either may be null.
+  // A pull that also reports each row's state (n * state_floats() floats) and last-update job
+  // step (n int64, kNoStep: none), read under the row's lock with it; either may be null.
   void gather(const int64_t* keys, size_t n, void* out, void* state_out, void* step_out) const;
-  // Like gather, with the accumulators (n floats) and last-update steps (n int64) when not
-  // null (all may be unaligned), and without moving any row between tiers: Dump and Save.
+  // Like gather, with the states (n * state_floats() floats) and last-update steps (n int64)
+  // when not null (all may be unaligned), and without moving any row between tiers: Dump
+  // and Save.
   void read(const int64_t* keys, size_t n, void* out, void* state_out, void* step_out) const;
 
   // A push: one gradient row per key, applied directly (no step rules).  Keys must be unique
@@ -156,6 +172,18 @@ class ShardTable {
   };
   StepResult commit_step(const int64_t* keys, const float* grads, size_t n, float lr,
                          OptimizerKind opt, int64_t step, bool wait = true);
+  // A step over several tables (commit_tables_step, tables.h) takes every table's step lock
+  // (deferred here; lock_or_would_block), in name order, before it changes any table, then
+  // checks that every table's rows fit (check_step_fits), then runs commit_step_locked on each.
+  std::unique_lock<std::shared_mutex> step_lock() const {
+    return std::unique_lock<std::shared_mutex>(update_mu_, std::defer_lock);
+  }
+  StepResult commit_step_locked(const int64_t* keys, const float* grads, size_t n, float lr,
+                                OptimizerKind opt, int64_t step);
+  // Throws MemoryFull (naming the table) when the step's new rows would not fit the DRAM tier
+  // (memory_rows, no SSD tier): what commit_step_locked refuses before changing anything,
+  // asked of every table of a step before any changes.  The caller holds the step lock.
+  void check_step_fits(const int64_t* keys, size_t n, int64_t step) const;
 
   // Calls fn(key) for every row in DRAM, one stripe at a time under that stripe's lock (so
   // pulls and updates of other stripes go on).  fn must not call back into the table.
@@ -226,6 +254,9 @@ class ShardTable {
   void set_test_hooks(TestHooks* hooks) { hooks_ = hooks; }
 
   uint64_t rows() const;
+  // What one row costs in DRAM under a byte budget (memory_budget.h): its slot (values, state,
+  // key, last-update step, flags) and its key index entry.
+  uint64_t row_bytes() const;
   // Bytes held by the DRAM tier: slots and index (capacity, not just what is in use).
   uint64_t bytes() const;
   TierStats tier_stats() const;
@@ -276,7 +307,7 @@ class ShardTable {
   }
   uint32_t stripe_of(int64_t key) const;
   std::string store_dir() const;  // a fresh directory for a TierStore under ssd_dir
-  // Slot fields: row (dim floats), state, key, last-update step, flags.
+  // Slot fields: row (dim floats), state (sw_ floats), key, last-update step, flags.
   float* row_ptr(const Slots& s, uint32_t slot) const;
   float* state_ptr(const Slots& s, uint32_t slot) const;
   int64_t* key_ptr(const Slots& s, uint32_t slot) const;
@@ -329,10 +360,22 @@ class ShardTable {
   // After a failed pass 1: unpins, and releases the `fresh` (first-touch) rows.
   void unpin(const std::vector<uint32_t>& starts, const std::vector<uint32_t>& slots,
              const std::vector<uint32_t>* fresh);
+  // ---- the shard's byte budget (memory_budget.h, table_tiers.cc) ----
+  friend class MemoryBudget;
+  // Every stripe's row cap from the table's share, `rows` (locks each stripe in turn).
+  void set_dram_cap(uint64_t rows);
+  // Evicts every stripe down to its cap (not while frozen): the first SSD failure, if any.
+  std::optional<TierError> shrink_to_caps();
+  // After an update that created (or dropped) rows: splits the budget again when the row
+  // count moved far enough since the last split.  The first SSD failure, if any.
+  std::optional<TierError> after_update(int64_t rows_delta);
 
+  const ShardTableSpec spec_;
   const uint32_t dim_;
-  const uint64_t seed_;
+  const uint32_t sw_;    // state floats per row (spec_.state_floats())
+  const uint64_t seed_;  // the spec's seed ^ its salt: row_init's seed (hashing.h)
   const float init_scale_;
+  const float eps_;  // Adagrad's (apply_row)
   const uint32_t max_blocks_;
   const size_t slot_bytes_;  // per slot in a block
   const TierOptions tiers_;
@@ -349,6 +392,9 @@ class ShardTable {
   std::atomic<uint64_t> rows_admitted_{0}, rows_expired_{0}, pending_counts_{0};
   mutable std::atomic<uint64_t> rows_read_ssd_{0};
   std::atomic<int64_t> max_step_{kNoStep};
+  // Rows created minus dropped since the budget's last split, and the rows then.
+  std::atomic<int64_t> rows_since_split_{0};
+  std::atomic<uint64_t> rows_at_split_{0};
   TestHooks* hooks_ = nullptr;
 };
 

@@ -33,7 +33,7 @@ std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows,
                                   " rows per shard; raise --ps-memory-rows or give the shards an "
                                   "SSD tier with --ps-ssd-dir"));
   auto st = std::make_unique<Staged>(stripes_.size(), rules_.options());
-  if (store_) st->store = std::make_unique<TierStore>(store_dir(), dim_);
+  if (store_) st->store = std::make_unique<TierStore>(store_dir(), dim_, spec_.salt(), sw_);
   size_t in_dram = expected_rows;
   if (store_ && tiers_.memory_rows > 0) in_dram = std::min<uint64_t>(in_dram, tiers_.memory_rows);
   const size_t per = in_dram / stripes_.size();
@@ -94,6 +94,7 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
     });
 }
 
+// state: n * sw_ floats, row after row (the checkpoint block's layout).
 void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* values,
                             const float* state, const int64_t* steps, size_t n) const {
   if (steps != nullptr)
@@ -105,7 +106,7 @@ void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* va
       const int64_t step = steps != nullptr ? steps[i] : kNoStep;
       if (staged.store) {  // without an SSD tier every cap is unbounded
         if (!staged.loader) staged.loader = std::make_unique<TierStore::BulkLoader>(*staged.store);
-        staged.loader->add(keys[i], values + i * dim_, state[i], step);
+        staged.loader->add(keys[i], values + i * dim_, state + i * sw_, step);
         ++staged.stripes[stripe_of(keys[i])].ssd_keys;
       }
       if (step != kNoStep) staged.rules.restore_row(keys[i], step);
@@ -135,7 +136,7 @@ void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* va
         const uint32_t slot = take_slot(sl, keys[i]);
         if (slot == kNoSlot) throw std::invalid_argument(absl::StrCat("duplicate key ", keys[i]));
         std::memcpy(row_ptr(sl, slot), values + i * dim_, dim_ * sizeof(float));
-        *state_ptr(sl, slot) = state[i];
+        std::memcpy(state_ptr(sl, slot), state + i * sw_, sw_ * sizeof(float));
         *step_ptr(sl, slot) = steps != nullptr ? steps[i] : kNoStep;
         if (staged.store) {
           *flags_ptr(sl, slot) |= kOnSsd;  // a clean copy

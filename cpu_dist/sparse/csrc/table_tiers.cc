@@ -1,8 +1,12 @@
-// ShardTable: moves between the DRAM and SSD tiers (promotion, CLOCK eviction, expiry drops)
-// and the update path that pins rows in DRAM while it changes them.
+// ShardTable: moves between the DRAM and SSD tiers (promotion, CLOCK eviction, expiry drops),
+// the update path that pins rows in DRAM while it changes them, and the shard's byte budget
+// split over its tables (memory_budget.h).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <shared_mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -64,7 +68,7 @@ size_t ShardTable::evict_to(Slots& s, uint64_t target) const {
     f |= kPinned;  // not chosen twice
     victims.push_back(slot);
     if ((f & kDirty) || !(f & kOnSsd))
-      batch.put(*key_ptr(s, slot), row_ptr(s, slot), *state_ptr(s, slot), *step_ptr(s, slot));
+      batch.put(*key_ptr(s, slot), row_ptr(s, slot), state_ptr(s, slot), *step_ptr(s, slot));
   }
   try {
     ssd_write(batch);  // before the rows leave DRAM: no reader misses them
@@ -219,14 +223,16 @@ std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const flo
       if (store_ && st.s.index.size() > st.cap) {
         if (!ahead) ahead = std::make_unique<TierStore::Batch>(*store_);
         ahead_stripe[s] = 1;
-        std::vector<float> row(dim_);
+        std::vector<float> row(dim_), state(sw_);
         for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
           if (slots[j] == kNoSlot) continue;
           const uint32_t i = order[j];
           std::memcpy(row.data(), row_ptr(st.s, slots[j]), row.size() * sizeof(float));
-          float state = *state_ptr(st.s, slots[j]);
-          apply_row(opt, lr, grads + static_cast<size_t>(i) * dim_, row.data(), &state, dim_);
-          ahead->put(keys[i], row.data(), state,
+          std::memcpy(state.data(), state_ptr(st.s, slots[j]), state.size() * sizeof(float));
+          // The same arithmetic as pass 2's, on copies.
+          apply_row(opt, lr, grads + static_cast<size_t>(i) * dim_, row.data(), state.data(), dim_,
+                    eps_);
+          ahead->put(keys[i], row.data(), state.data(),
                      ctx != nullptr ? ctx->step : *step_ptr(st.s, slots[j]));
         }
       }
@@ -251,7 +257,7 @@ std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const flo
         continue;
       }
       apply_row(opt, lr, grads + static_cast<size_t>(i) * dim_, row_ptr(st.s, slot),
-                state_ptr(st.s, slot), dim_);
+                state_ptr(st.s, slot), dim_, eps_);
       if (store_) {
         uint8_t& f = *flags_ptr(st.s, slot);
         if (ahead_stripe[s]) {  // its SSD copy holds the new value already
@@ -282,14 +288,24 @@ std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const flo
       }
     }
   }
+  // The rows it created may change the tables' shares of the shard's byte budget.
+  const int64_t created = std::count(fresh.begin(), fresh.end(), 1u);
+  std::optional<TierError> split = after_update(created);
+  if (split && !after) after = std::move(split);
   return after;
 }
 
 ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float* grads, size_t n,
                                                float lr, OptimizerKind opt, int64_t step,
                                                bool wait) {
-  std::unique_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);  // rules change here
+  std::unique_lock<std::shared_mutex> writer = step_lock();  // rules change here
   lock_or_would_block(writer, wait);
+  return commit_step_locked(keys, grads, n, lr, opt, step);
+}
+
+ShardTable::StepResult ShardTable::commit_step_locked(const int64_t* keys, const float* grads,
+                                                      size_t n, float lr, OptimizerKind opt,
+                                                      int64_t step) {
   StepCtx ctx;
   ctx.step = step;
   rules_.reserve(n);
@@ -319,8 +335,122 @@ ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float*
           e.no_space());
     }
     rows_expired_ += r.expired;
+    if (std::optional<TierError> split = after_update(-static_cast<int64_t>(r.expired)))
+      throw AppliedThenFailed(
+          absl::StrCat("the SSD tier failed evicting rows to the shard's DRAM budget: ",
+                       split->what()),
+          split->no_space());
   }
   return r;
+}
+
+// ---- the shard's byte budget (memory_budget.h) ----
+
+uint64_t ShardTable::row_bytes() const {
+  // The slot, and the index's slot (key, slot number) with its control byte.
+  return slot_bytes_ + sizeof(std::pair<const int64_t, uint32_t>) + 1;
+}
+
+void ShardTable::set_dram_cap(uint64_t rows) {
+  const uint64_t S = stripes_.size();
+  for (uint64_t s = 0; s < S; ++s) {
+    Stripe& st = stripes_[s];
+    const uint64_t cap = rows / S + (s < rows % S);
+    size_t bits = 64;  // the doorkeeper: 4 bits per row of the cap (table.h)
+    while (bits < 4 * cap) bits <<= 1;
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.cap = cap;
+    if (st.seen.size() * 64 != bits) {
+      st.seen.assign(bits / 64, 0);
+      st.seen_marked = 0;
+    }
+  }
+}
+
+std::optional<TierError> ShardTable::shrink_to_caps() {
+  if (!store_ || frozen_.load() != 0) return std::nullopt;
+  std::optional<TierError> err;
+  for (Stripe& st : stripes_) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.s.index.size() <= st.cap) continue;
+    try {
+      evict_to(st.s, st.cap);
+    } catch (const TierError& e) {
+      if (!err) err.emplace(e);
+    }
+  }
+  return err;
+}
+
+std::optional<TierError> ShardTable::after_update(int64_t rows_delta) {
+  if (!tiers_.budget) return std::nullopt;
+  const int64_t moved = rows_since_split_.fetch_add(rows_delta) + rows_delta;
+  // A sixteenth of the rows at the last split, and at least a few rows per stripe.
+  const uint64_t enough = rows_at_split_.load() / 16 + 16 * stripes_.size();
+  if (static_cast<uint64_t>(std::abs(moved)) <= enough) return std::nullopt;
+  return tiers_.budget->rebalance_from(this);
+}
+
+void MemoryBudget::attach(ShardTable* table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tables_.push_back(table);
+  split_locked(nullptr);  // nothing to evict in a table this new: an SSD failure waits
+}
+
+void MemoryBudget::detach(ShardTable* table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tables_.erase(std::remove(tables_.begin(), tables_.end(), table), tables_.end());
+}
+
+std::optional<TierError> MemoryBudget::rebalance() { return rebalance_from(nullptr); }
+
+std::optional<TierError> MemoryBudget::rebalance_from(ShardTable* held) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return split_locked(held);
+}
+
+std::optional<TierError> MemoryBudget::split_locked(ShardTable* held) {
+  if (tables_.empty()) return std::nullopt;
+  // Weights: the bytes of each table's rows, and a floor so that a new table has room at once.
+  constexpr uint64_t kFloorRows = 256;
+  std::vector<uint64_t> rows(tables_.size());
+  std::vector<long double> weight(tables_.size());
+  long double total = 0;
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    rows[i] = tables_[i]->rows();
+    weight[i] = static_cast<long double>(rows[i] + kFloorRows) * tables_[i]->row_bytes();
+    total += weight[i];
+  }
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    ShardTable& t = *tables_[i];
+    // Rounded down, so the caps' bytes never sum to more than the budget.
+    const long double share = static_cast<long double>(bytes_) * (weight[i] / total);
+    t.set_dram_cap(static_cast<uint64_t>(share / t.row_bytes()));
+    t.rows_at_split_.store(rows[i]);
+    t.rows_since_split_.store(0);
+  }
+  // Evict what is over the new caps.  A table whose update lock is taken (an update in
+  // progress, or a checkpoint's freeze) is left alone until the next split: evicting under a
+  // freeze would move rows under the checkpoint's feet.  `held`'s lock is the caller's.
+  std::optional<TierError> err;
+  for (ShardTable* t : tables_) {
+    std::optional<TierError> e;
+    if (t == held) {
+      e = t->shrink_to_caps();
+    } else {
+      std::shared_lock<std::shared_mutex> other(t->update_mu_, std::try_to_lock);
+      if (other.owns_lock()) e = t->shrink_to_caps();
+    }
+    if (e && !err) err = std::move(e);
+  }
+  return err;
+}
+
+uint64_t MemoryBudget::used_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t b = 0;
+  for (const ShardTable* t : tables_) b += t->tier_stats().rows_dram * t->row_bytes();
+  return b;
 }
 
 }  // namespace cpu_dist::ps

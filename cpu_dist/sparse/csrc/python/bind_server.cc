@@ -3,10 +3,12 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bindings.h"
 #include "convert.h"
 #include "server.h"
+#include "tables.h"
 
 namespace cpu_dist::python {
 
@@ -28,10 +30,64 @@ struct ServerLimits {
 // The keywords of the table's tiers and step rules.
 struct TableKeywords {
   uint64_t memory_rows;
+  uint64_t memory_bytes;
   std::string ssd_dir;
   uint32_t admit_after;
   uint32_t expire_after;
 };
+
+// A spec dict (cpu_dist/common/tables.py TableConfig.spec: name, dim, optimizer, init_scale,
+// seed, num_embeddings, admit_after, expire_after, eps) as the shard's spec; ValueError naming
+// the table and the key for an unknown key, a missing one, or a value out of range.
+ps::ShardTableSpec spec_from_dict(const py::handle& obj, size_t index) {
+  if (!py::isinstance<py::dict>(obj))
+    throw py::type_error("tables[" + std::to_string(index) + "] must be a spec dict");
+  const py::dict d = py::reinterpret_borrow<py::dict>(obj);
+  std::string who = "tables[" + std::to_string(index) + "]";
+  if (!d.contains("name")) throw py::value_error(who + ": no 'name'");
+  ps::ShardTableSpec s;
+  s.name = py::cast<std::string>(d["name"]);
+  who = "table '" + s.name + "'";
+  static const char* const kKeys[] = {"name",        "dim",          "optimizer",
+                                      "init_scale",  "seed",         "num_embeddings",
+                                      "admit_after", "expire_after", "eps"};
+  for (const auto& [k, v] : d) {
+    const std::string key = py::cast<std::string>(py::str(k));
+    bool known = false;
+    for (const char* want : kKeys) known = known || key == want;
+    if (!known) throw py::value_error(who + ": unknown key '" + key + "'");
+  }
+  for (const char* need : {"dim", "optimizer", "init_scale"})
+    if (!d.contains(need)) throw py::value_error(who + ": no '" + need + "'");
+  const auto uint_of = [&](const char* key, uint64_t max) -> uint64_t {
+    if (!d.contains(key)) return 0;
+    const py::int_ v = py::cast<py::int_>(d[key]);
+    if (v < py::int_(0) || v > py::int_(max))
+      throw py::value_error(who + ": " + key + " must be in 0.." + std::to_string(max) + ", got " +
+                            std::string(py::str(v)));
+    return py::cast<uint64_t>(v);
+  };
+  s.dim = static_cast<uint32_t>(uint_of("dim", UINT32_MAX));
+  const std::string opt = py::cast<std::string>(d["optimizer"]);
+  const auto kind = ps::optimizer_from_name(opt);
+  if (!kind)
+    throw py::value_error(who + ": optimizer must be 'sgd', 'rowwise_adagrad' or 'adagrad', got '" +
+                          opt + "'");
+  s.optimizer = *kind;
+  s.init_scale = py::cast<float>(d["init_scale"]);
+  s.seed = uint_of("seed", UINT64_MAX);
+  s.num_embeddings = uint_of("num_embeddings", UINT64_MAX);
+  s.admit_after = static_cast<uint32_t>(uint_of("admit_after", UINT32_MAX));
+  s.expire_after = static_cast<uint32_t>(uint_of("expire_after", UINT32_MAX));
+  if (d.contains("eps")) {
+    s.eps = py::cast<float>(d["eps"]);
+  } else if (s.optimizer == ps::OptimizerKind::kAdagrad) {
+    s.eps = ps::kDefaultAdagradEps;
+  }
+  if (s.optimizer != ps::OptimizerKind::kAdagrad) s.eps = 0.0f;  // adagrad's key only
+  if (const std::string why = ps::spec_error(s); !why.empty()) throw py::value_error(why);
+  return s;
+}
 
 // The server's test hooks at the point a test names (ValueError: unknown point; RuntimeError:
 // the server was not made with test_hooks=True).
@@ -45,11 +101,14 @@ std::pair<ps::TestHooks*, ps::TestPoint> hook_at(PsServer& s, const std::string&
   return {hooks, *p};
 }
 
-ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std::string host,
-                         int port, std::string table, uint64_t seed, uint32_t shard_index,
-                         uint32_t num_shards, int64_t max_message_bytes,
+ServerHolder make_server(uint32_t dim, std::string token, std::optional<float> init_scale,
+                         std::string host, int port, std::string table, uint64_t seed,
+                         uint32_t shard_index, uint32_t num_shards, int64_t max_message_bytes,
                          uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
-                         const ServerLimits& lim, TableKeywords tk, bool test_hooks) {
+                         const ServerLimits& lim, TableKeywords tk,
+                         std::vector<ps::ShardTableSpec> tables, bool test_hooks) {
+  if (dim > 0 && !init_scale)
+    throw py::value_error("init_scale is required with dim (the flag-declared table's)");
   if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
     throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                           std::to_string(max_message_bytes));
@@ -61,7 +120,8 @@ ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std:
   ps::ServerOptions o;
   o.dim = dim;
   o.token = std::move(token);
-  o.init_scale = init_scale;
+  o.init_scale = init_scale.value_or(0.0f);
+  o.tables = std::move(tables);
   o.host = std::move(host);
   o.port = port;
   o.table = std::move(table);
@@ -78,6 +138,7 @@ ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std:
   o.max_memory_bytes = lim.max_memory_bytes;
   o.max_concurrent_streams = lim.max_concurrent_streams;
   o.memory_rows = tk.memory_rows;
+  o.memory_bytes = tk.memory_bytes;
   o.ssd_dir = std::move(tk.ssd_dir);
   o.admit_after = tk.admit_after;
   o.expire_after = tk.expire_after;
@@ -86,21 +147,28 @@ ServerHolder make_server(uint32_t dim, std::string token, float init_scale, std:
   return ServerHolder(std::make_unique<PsServer>(std::move(o)).release());
 }
 
-ServerHolder make_server_py(uint32_t dim, std::string token, float init_scale, std::string host,
-                            int port, std::string table, uint64_t seed, uint32_t shard_index,
-                            uint32_t num_shards, int64_t max_message_bytes,
+ServerHolder make_server_py(uint32_t dim, std::string token, std::optional<float> init_scale,
+                            std::string host, int port, std::string table, uint64_t seed,
+                            uint32_t shard_index, uint32_t num_shards, int64_t max_message_bytes,
                             uint32_t max_blocks_per_stripe, std::string checkpoint_dir,
                             double session_idle_timeout_s, uint32_t max_sessions,
                             uint64_t max_held_bytes, uint64_t max_pending_bytes,
                             uint64_t max_memory_bytes, uint32_t max_concurrent_streams,
-                            uint64_t memory_rows, std::string ssd_dir, uint32_t admit_after,
-                            uint32_t expire_after, bool test_hooks) {
+                            uint64_t memory_rows, uint64_t memory_bytes, std::string ssd_dir,
+                            uint32_t admit_after, uint32_t expire_after,
+                            const std::optional<py::list>& tables, bool test_hooks) {
+  std::vector<ps::ShardTableSpec> specs;
+  if (tables) {
+    if (tables->empty()) throw py::value_error("tables is empty (give None for the flag table)");
+    for (size_t i = 0; i < tables->size(); ++i) specs.push_back(spec_from_dict((*tables)[i], i));
+  }
   return make_server(
       dim, std::move(token), init_scale, std::move(host), port, std::move(table), seed, shard_index,
       num_shards, max_message_bytes, max_blocks_per_stripe, std::move(checkpoint_dir),
       ServerLimits{session_idle_timeout_s, max_sessions, max_held_bytes, max_pending_bytes,
                    max_memory_bytes, max_concurrent_streams},
-      TableKeywords{memory_rows, std::move(ssd_dir), admit_after, expire_after}, test_hooks);
+      TableKeywords{memory_rows, memory_bytes, std::move(ssd_dir), admit_after, expire_after},
+      std::move(specs), test_hooks);
 }
 
 }  // namespace
@@ -110,7 +178,7 @@ void bind_server(py::module_& m) {
   py::class_<PsServer, ServerHolder>(m, "Server",
                                      "One parameter-server shard (gRPC), served from this process.")
       .def(py::init(&make_server_py), py::arg("dim"), py::arg("token"), py::kw_only(),
-           py::arg("init_scale"), py::arg("host") = d.host, py::arg("port") = d.port,
+           py::arg("init_scale") = py::none(), py::arg("host") = d.host, py::arg("port") = d.port,
            py::arg("table") = d.table, py::arg("seed") = d.seed,
            py::arg("shard_index") = d.shard_index, py::arg("num_shards") = d.num_shards,
            py::arg("max_message_bytes") = int64_t{d.max_message_bytes},
@@ -121,8 +189,9 @@ void bind_server(py::module_& m) {
            py::arg("max_pending_bytes") = d.max_pending_bytes,
            py::arg("max_memory_bytes") = d.max_memory_bytes,
            py::arg("max_concurrent_streams") = d.max_concurrent_streams,
-           py::arg("memory_rows") = d.memory_rows, py::arg("ssd_dir") = d.ssd_dir,
-           py::arg("admit_after") = d.admit_after, py::arg("expire_after") = d.expire_after,
+           py::arg("memory_rows") = d.memory_rows, py::arg("memory_bytes") = d.memory_bytes,
+           py::arg("ssd_dir") = d.ssd_dir, py::arg("admit_after") = d.admit_after,
+           py::arg("expire_after") = d.expire_after, py::arg("tables") = py::none(),
            py::arg("test_hooks") = d.test_hooks)
       .def("start", &PsServer::start, py::call_guard<py::gil_scoped_release>(),
            "Bind and serve; returns the bound port.")

@@ -63,9 +63,9 @@ PYBIND11_MODULE(_ps, m) {
       "apply_rows",
       [](const py::object& rows_obj,
          py::array_t<float, py::array::c_style | py::array::forcecast> sums, double lr,
-         const std::string& optimizer, double divisor, const py::object& states_obj) {
+         const std::string& optimizer, double divisor, const py::object& states_obj, double eps) {
         const auto kind = cpu_dist::ps::optimizer_from_name(optimizer);
-        if (!kind) throw py::value_error("optimizer must be 'sgd' or 'rowwise_adagrad'");
+        if (!kind) throw py::value_error("optimizer must be 'sgd', 'rowwise_adagrad' or 'adagrad'");
         // Updated in place: a copy (another dtype, a strided view) would be updated and lost.
         py::array rows = in_place_float32(rows_obj, "rows");
         if (rows.ndim() != 2 || sums.ndim() != 2 || rows.shape(0) != sums.shape(0) ||
@@ -76,19 +76,24 @@ PYBIND11_MODULE(_ps, m) {
         std::optional<py::array> states;
         if (!states_obj.is_none()) {
           states = in_place_float32(states_obj, "states");
-          if (states->ndim() != 1 || states->shape(0) != n)
+          if (*kind == cpu_dist::ps::OptimizerKind::kAdagrad) {
+            if (states->ndim() != 2 || states->shape(0) != n || states->shape(1) != rows.shape(1))
+              throw py::value_error("apply_rows: adagrad's states must be float32 [n, dim]");
+          } else if (states->ndim() != 1 || states->shape(0) != n) {
             throw py::value_error("apply_rows: states must be float32 [n]");
+          }
           st = static_cast<float*>(states->mutable_data());
         }
         float* r = static_cast<float*>(rows.mutable_data());
         const float* g = sums.data();
         py::gil_scoped_release release;
-        cpu_dist::ps::apply_summed_rows(*kind, static_cast<float>(lr), static_cast<float>(divisor),
-                                        g, r, st, static_cast<size_t>(n),
-                                        static_cast<uint32_t>(rows.shape(1)));
+        cpu_dist::ps::apply_summed_rows(
+            *kind, static_cast<float>(lr), static_cast<float>(divisor), g, r, st,
+            static_cast<size_t>(n), static_cast<uint32_t>(rows.shape(1)), static_cast<float>(eps));
       },
       py::arg("rows"), py::arg("sums"), py::arg("lr"), py::arg("optimizer"),
       py::arg("divisor") = 1.0, py::arg("states") = py::none(),
+      py::arg("eps") = static_cast<double>(cpu_dist::ps::kDefaultAdagradEps),
       "In place: rows (and states) as a commit changes them on the parameter server, given "
       "the step's summed gradient rows and its world size as divisor (see row_update.h).");
   cpu_dist::python::bind_server(m);

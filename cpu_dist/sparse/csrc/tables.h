@@ -1,0 +1,95 @@
+// The tables of one shard (tables issue): named ShardTables, each built from its spec
+// (table_spec.h), created at the shard's start (ServerOptions::tables, or the one table its
+// flags declare) or later by the CreateTables RPC.  Tables are only ever added, never removed
+// or replaced (a checkpoint load swaps a table's rows, not the table), so a ShardTable* found
+// here stays valid for the shard's life and lookups need only a shared lock.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "grpcpp/support/status.h"
+#include "ps.pb.h"
+#include "table.h"
+#include "table_spec.h"
+#include "test_hooks.h"
+
+namespace cpu_dist::ps {
+
+// The first field in which two specs differ ("dim", "optimizer", ...; the wire's field names),
+// empty when they are the same table.  A flag-declared `have` matches any optimizer a flag
+// table serves (sgd, rowwise_adagrad) and takes the other's eps as its own (0).
+std::string first_difference(const ShardTableSpec& have, const ShardTableSpec& want);
+// Why a spec cannot be a table (empty: it can): the name, dim, init_scale, eps, ...
+std::string spec_error(const ShardTableSpec& spec);
+ShardTableSpec spec_from_proto(const TableSpec& m);
+void spec_to_proto(const ShardTableSpec& s, TableSpec* m);
+
+// How a shard builds its tables (ServerOptions): stripes, capacity, tiers.
+struct TablesOptions {
+  uint32_t stripes = 16;
+  uint32_t max_blocks_per_stripe = 65536;
+  TierOptions tiers;  // each table's (ssd_name gets the table's index appended)
+};
+
+// One table's share of a committed step: its summed rows (keys unique) and its lr, optimizer.
+struct StepUpdate {
+  ShardTable* table = nullptr;
+  const int64_t* keys = nullptr;
+  const float* grads = nullptr;
+  size_t n = 0;
+  float lr = 0.0f;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+};
+
+// Applies job step `step` to every table it names (a table without rows still runs its step
+// rules: expiry counts job steps), all at once: every table's step lock is taken first, in
+// name order (with wait false: WouldBlock, nothing changed, when one is taken), then every
+// table's DRAM budget is checked (MemoryFull, nothing changed), then each table is updated.
+// What fails in a table's update before it changes a row (TableFull, TierError, bad_alloc)
+// leaves that table unchanged; if an earlier table of the step was updated already, that is
+// reported as AppliedThenFailed naming the tables (the session fails; no update is lost
+// silently) and the remaining tables are still updated, so that no table is left a step
+// behind another where it can be helped.
+void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bool wait);
+
+class ShardTables {
+ public:
+  explicit ShardTables(TablesOptions opts, TestHooks* hooks = nullptr)
+      : opts_(std::move(opts)), hooks_(hooks) {}
+  ShardTables(const ShardTables&) = delete;
+  ShardTables& operator=(const ShardTables&) = delete;
+
+  // The table named `name`, or null.
+  ShardTable* find(std::string_view name) const;
+  // The first table in name order (the one a one-table shard holds), or null.
+  ShardTable* first() const;
+  size_t size() const;
+  // fn(spec, table) for every table in name order, under a shared lock: fn must not create.
+  void for_each(const std::function<void(const ShardTableSpec&, ShardTable&)>& fn) const;
+  std::vector<ShardTable*> all() const;  // name order
+
+  // Adds the table (*created = true), or finds the identical one (*created = false).
+  // INVALID_ARGUMENT for a spec that is no table (spec_error); FAILED_PRECONDITION naming the
+  // table and the first differing field for another spec of an existing name.  Throws what
+  // building a table throws (an SSD tier that cannot be opened: TierError).
+  grpc::Status create(const ShardTableSpec& spec, bool* created);
+
+  // The highest job step any row of any table may hold (ShardTable::max_step).
+  int64_t max_step() const;
+
+ private:
+  const TablesOptions opts_;
+  TestHooks* const hooks_;
+  mutable std::shared_mutex mu_;
+  std::map<std::string, std::unique_ptr<ShardTable>, std::less<>> tables_;
+  uint32_t created_ = 0;  // tables made so far: the suffix of each one's SSD directory
+};
+
+}  // namespace cpu_dist::ps
