@@ -163,7 +163,38 @@ class Server:
     def stop(self, drain_timeout_s: float = 10.0) -> None: ...
     def stats(self) -> dict[str, int]: ...
 
+# (keys int64 [n] sorted, values float32 [n, dim], state float32 [n], or [n, dim] for an
+# element-wise Adagrad table).
 _Rows = tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
+
+class TableSpec(TypedDict, total=False):
+    """A table as shards hold it (the one spec dict shape of cpu_dist; proto TableSpec).
+    name, dim, optimizer and init_scale are required (by Server(tables=...) and
+    create_tables alike); seed, num_embeddings, admit_after and expire_after default to 0,
+    eps to 1e-8 for "adagrad" (it is 0.0 for the others)."""
+
+    name: str
+    dim: int
+    optimizer: Literal["sgd", "rowwise_adagrad", "adagrad"]
+    init_scale: float
+    seed: int
+    num_embeddings: int
+    admit_after: int
+    expire_after: int
+    eps: float
+
+class TableStats(TypedDict):
+    """One table's figures in a shard's stats()["tables"]."""
+
+    name: str
+    dim: int
+    rows: int
+    rows_dram: int
+    rows_ssd: int
+    ssd_bytes: int
+    rows_admitted: int
+    rows_expired: int
+    bytes: int
 
 class DumpPages:
     """Pages of a dump, (keys, values, state) each: keys sorted inside a page, every page from
@@ -190,23 +221,56 @@ class Handle(Generic[_T]):
     def row_states(self) -> npt.NDArray[np.float32] | None:
         """Of a finished pull with row_states: per row, its optimizer state; None otherwise."""
 
+class TablesHandle:
+    """A multi-table pull in flight (Client.pull_tables_async).  Dropping it is safe."""
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, npt.NDArray[np.float32]]:
+        """Wait until done: {table: float32 rows [n, dim of that table]} (new arrays).
+        PSError on failure, TimeoutError on timeout; None waits forever."""
+    def done(self) -> bool: ...
+    def committed_step(self) -> int | None:
+        """Of a finished pull that named a session: the minimum committed step of the shards
+        it touched, every table's (-1: none has one yet); None otherwise."""
+    def row_steps(self) -> dict[str, npt.NDArray[np.int64]] | None:
+        """Of a finished pull with row_steps: {table: per row, the session step up to which
+        the row holds every commit of the session that touched it (int64 min: no bound)};
+        None otherwise."""
+    def row_states(self) -> dict[str, npt.NDArray[np.float32]] | None:
+        """Of a finished pull with row_states: {table: float32 [n] (sgd: zeros, row-wise
+        Adagrad) or [n, dim] (Adagrad)}; None otherwise."""
+
+# A push's or commit's share of one table: (keys [n], grads float32 [n, dim of the table], lr).
+_TableUpdate = tuple[npt.ArrayLike, npt.ArrayLike, float]
+
 class Client:
     def __init__(
         self,
         addresses: list[str],
         token: str,
-        dim: int,
+        dim: int = 0,
         *,
         table: str = "embedding",
+        tables: list[tuple[str, int]] | None = None,
         max_keys_per_rpc: int = 8192,
         channels_per_shard: int = 2,
         timeout_s: float = 60.0,
         max_message_bytes: int = 64 << 20,
         compression: Compression = "none",
     ) -> None:
-        """``compression``: the job's encoding of pulled rows (unless a pull names another)
-        and of pushed and committed gradients; dumps and checkpoints are never compressed.
-        ``max_keys_per_rpc`` is sized for float32 rows whatever the compression."""
+        """A client of the shards at ``addresses``.
+
+        Args:
+            dim, table: the table of the one-table calls (pull, push, commit, dump, save,
+                load).  With ``tables``: ``table`` where it names one of them (else the
+                first), and ``dim`` 0 or that table's dim.
+            tables: (name, dim) of every table the multi-table calls (pull_tables,
+                push_tables, commit_tables) move, in the order they cross the wire; None:
+                the one table (table, dim).  Names unique, dims >= 1 (ValueError otherwise).
+            compression: the job's encoding of pulled rows (unless a pull names another)
+                and of pushed and committed gradients; dumps and checkpoints are never
+                compressed.
+            max_keys_per_rpc: keys per RPC, all tables of a call together; sized for
+                float32 rows of the widest table whatever the compression."""
     def close(self) -> None:
         """Wait for in-flight async operations and release the client; idempotent."""
     @property
@@ -215,6 +279,12 @@ class Client:
     def addresses(self) -> list[str]: ...
     @property
     def dim(self) -> int: ...
+    @property
+    def table(self) -> str:
+        """The one-table calls' table."""
+    @property
+    def tables(self) -> list[tuple[str, int]]:
+        """(name, dim) of every table of the multi-table calls, in wire order."""
     @property
     def compression(self) -> Compression: ...
     # Pulls: compression None is the client's ("none" for evaluation pulls of a compressed
@@ -288,6 +358,109 @@ class Client:
         max_ahead: int = 1,
         base_step: int = 0,
     ) -> Handle[None]: ...
+    # ---- many tables in one call (proto TablePart) ----
+    # Per shard, a call's tables' keys lie end to end and are cut into RPCs of at most
+    # max_keys_per_rpc keys: one RPC per shard per max_keys_per_rpc keys whatever the number
+    # of tables.  Each table's keys go to shards by its salted shard_of (contracts.shard_of
+    # with table=).  A table not among the client's `tables` is a ValueError naming it; a
+    # shard that lacks it, or holds it with another dim, refuses (PSError naming the table).
+    def create_tables(self, specs: list[TableSpec]) -> list[dict[str, int]]:
+        """Create tables on every shard.
+
+        Args:
+            specs: spec dicts (TableSpec); an unknown key or a bad value is a ValueError
+                naming the table and the key.
+
+        Returns:
+            Per shard {"created": n, "existing": m}: idempotent for an identical spec; a
+            shard holding the table with another spec refuses (PSError naming the table and
+            the field)."""
+    def pull_tables(
+        self,
+        parts: dict[str, npt.ArrayLike],
+        *,
+        compression: Compression | None = None,
+        session: int | None = None,
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Rows of several tables in one round of RPCs.
+
+        Args:
+            parts: {table: keys (1-D int64)}; repeated keys are pulled once.
+            compression: the replies' encoding (None: the client's), per request.
+            session: a commit session whose committed step each shard reports (see
+                pull_tables_async).
+
+        Returns:
+            {table: float32 rows [n, dim of that table]} (absent rows: their first-touch
+            values, contracts.row_init with the table's seed and salt)."""
+    def pull_tables_async(
+        self,
+        parts: dict[str, npt.ArrayLike],
+        *,
+        compression: Compression | None = None,
+        session: int | None = None,
+        row_steps: bool = False,
+        row_states: bool = False,
+    ) -> TablesHandle:
+        """Like pull_tables, at once.
+
+        Args:
+            parts, compression, session: as pull_tables.
+            row_steps, row_states: (need ``session``) the handle's row_steps() and
+                row_states() give each table's per-row steps and optimizer states (float32
+                [n], or [n, dim] for Adagrad tables: the client asks the shards' Health for
+                the tables' optimizers once, unless create_tables told it).
+
+        Returns:
+            A TablesHandle; its wait() returns what pull_tables does."""
+    def push_tables(self, parts: dict[str, _TableUpdate], *, optimizer: str | None = None) -> None:
+        """A direct update of several tables (benchmarks, tests).
+
+        Args:
+            parts: {table: (keys, grads float32 [n, dim of the table], lr)}; per table,
+                repeated keys are summed, then the table's optimizer runs once per row.
+            optimizer: None: each table's spec's.  A name: what a table declared by a
+                shard's flags (the one table of a job without a job file) runs; a table
+                created with a spec refuses any other than its own."""
+    def push_tables_async(
+        self, parts: dict[str, _TableUpdate], *, optimizer: str | None = None
+    ) -> Handle[None]: ...
+    def commit_tables(
+        self,
+        session: int,
+        step: int,
+        rank: int,
+        world_size: int,
+        parts: dict[str, _TableUpdate],
+        *,
+        max_ahead: int = 1,
+        base_step: int = 0,
+        optimizer: str | None = None,
+    ) -> None:
+        """This rank's gradients of one step of a commit session, every table of the step.
+
+        Args:
+            session, step, rank, world_size, max_ahead, base_step: as commit.
+            parts: {table: (keys, grads float32 [n, dim of the table], lr)}, tables without
+                keys too (they are named in every chunk: the step covers them).
+            optimizer: as push_tables' (None: each table's spec's).
+
+        Every shard gets at least one chunk of every step (an empty marker where it has no
+        rows); a shard applies the step's rows of every table at once, when every rank's
+        chunks arrived.  Gradients are checked as commit's are (ValueError naming the table
+        and the key; nothing is sent)."""
+    def commit_tables_async(
+        self,
+        session: int,
+        step: int,
+        rank: int,
+        world_size: int,
+        parts: dict[str, _TableUpdate],
+        *,
+        max_ahead: int = 1,
+        base_step: int = 0,
+        optimizer: str | None = None,
+    ) -> Handle[None]: ...
     def wait_committed(self, session: int, step: int, timeout_s: float) -> int: ...
     def committed_step(self, session: int) -> int: ...
     def close_session(self, session: int, rank: int) -> None: ...
@@ -295,18 +468,26 @@ class Client:
         """End every open commit session on every shard (chunks dropped, waiters failed with
         ABORTED, later chunks refused): a job that takes the shards over calls this before
         load().  One {"aborted": n} per shard."""
-    def stats(self) -> list[dict[str, int]]: ...
+    def stats(self) -> list[dict[str, Any]]:
+        """Per shard: the totals (rows, calls, bytes, tiers...) and "tables": a TableStats
+        per table, name order."""
     def health(self) -> list[dict[str, Any]]:
         """Per shard: serving, shard_index, num_shards, dim, table (str), seed, init_scale
-        (the shard's float32 as a Python float) and rows."""
+        (the shard's float32 as a Python float), rows, and "tables": the spec dict
+        (TableSpec, every key) of every table it holds, name order."""
     def traffic(self) -> Traffic:
         """Payload bytes and keys this client moved in successful RPCs, rows counted as
         encoded on the wire (protobuf framing not counted)."""
     def shutdown(self) -> None: ...
-    def dump(self, *, max_bytes: int | None = None) -> _Rows:
-        """Every row of every shard sorted by key; fetched in pages of at most max_bytes
-        (None: the default, 4 MiB), shards in parallel; no size limit."""
-    def dump_pages(self, *, max_bytes: int | None = None) -> DumpPages: ...
+    def dump(self, *, table: str | None = None, max_bytes: int | None = None) -> _Rows:
+        """Every row of one table on every shard, sorted by key.
+
+        Args:
+            table: one of the client's tables (None: the one-table calls' table).
+            max_bytes: page size (None: the default, 4 MiB); pages come from the shards in
+                parallel; no size limit."""
+    def dump_pages(self, *, table: str | None = None, max_bytes: int | None = None) -> DumpPages:
+        """The pages of dump(table=...) one at a time (at most one page per shard held)."""
     # Checkpoints; paths are relative to each shard's checkpoint_dir (see checkpoint.h).
     # timeout_s None: the client's timeout_s; a job passes its --checkpoint-timeout.
     def save(

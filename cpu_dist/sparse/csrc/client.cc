@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "client_calls.h"
 #include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -21,83 +22,57 @@ namespace cpu_dist::ps {
 
 namespace {
 
-constexpr const char* kPull = "/cpu_dist.ps.ParameterServer/Pull";
-constexpr const char* kPush = "/cpu_dist.ps.ParameterServer/Push";
-constexpr const char* kCommit = "/cpu_dist.ps.ParameterServer/Commit";
+using namespace client_calls;  // NOLINT: the client's own helpers
 
-// Row-count arguments index with uint32_t (positions, slot ids): refuse what would wrap.
-void check_count(size_t n) {
-  if (n > UINT32_MAX)
-    throw std::invalid_argument(
-        absl::StrCat(n, " keys in one call: at most ", UINT32_MAX, " are supported"));
-}
-
-std::chrono::system_clock::time_point deadline_in(double s) {
-  return std::chrono::system_clock::now() +
-         std::chrono::duration_cast<std::chrono::system_clock::duration>(
-             std::chrono::duration<double>(s));
-}
-
-Optimizer to_proto(OptimizerKind k) {
-  return k == OptimizerKind::kSgd ? Optimizer::SGD : Optimizer::ROWWISE_ADAGRAD;
-}
-
-Compression to_proto(Encoding e) { return static_cast<Compression>(encoding_to_wire(e)); }
-
-// A gradient row the client's encoding cannot carry: refused before anything is sent.
-[[noreturn]] void refuse_gradient(const EncodeFailure& f, int64_t key, Encoding e,
-                                  const std::string& where) {
-  throw std::invalid_argument(absl::StrCat("gradient of key ", key, " in ", where, " (row ",
-                                           f.index, "): ", describe(e, f.error),
-                                           "; nothing was sent"));
+// The options as the client keeps them: `tables` holds every table (the one table (table,
+// dim) without it), and (table, dim) name the one-table calls' table, one of `tables`.
+ClientOptions normalized(ClientOptions o) {
+  if (o.tables.empty()) {
+    if (o.dim == 0) throw std::invalid_argument("dim must be >= 1");
+    o.tables.push_back(ClientTable{o.table, o.dim});
+    return o;
+  }
+  std::vector<std::string> names;
+  for (const ClientTable& t : o.tables) {
+    if (t.name.empty()) throw std::invalid_argument("tables: a table name must not be empty");
+    if (t.dim == 0)
+      throw std::invalid_argument(absl::StrCat("tables: table '", t.name, "' has dim 0"));
+    if (std::find(names.begin(), names.end(), t.name) != names.end())
+      throw std::invalid_argument(absl::StrCat("tables: table '", t.name, "' named twice"));
+    names.push_back(t.name);
+  }
+  auto it = std::find(names.begin(), names.end(), o.table);
+  const ClientTable& one = o.tables[it == names.end() ? 0 : it - names.begin()];
+  if (o.dim != 0 && o.dim != one.dim)
+    throw std::invalid_argument(absl::StrCat("dim ", o.dim, " differs from table '", one.name,
+                                             "''s dim ", one.dim, " (give dim 0 with tables)"));
+  o.table = one.name;
+  o.dim = one.dim;
+  return o;
 }
 
 void check_options(const ClientOptions& o) {
   if (o.addresses.empty()) throw std::invalid_argument("addresses must not be empty");
   check_token_text(o.token);
-  if (o.dim == 0) throw std::invalid_argument("dim must be >= 1");
   if (o.max_keys_per_rpc == 0) throw std::invalid_argument("max_keys_per_rpc must be >= 1");
   if (o.channels_per_shard == 0) throw std::invalid_argument("channels_per_shard must be >= 1");
   if (!(o.timeout_s > 0)) throw std::invalid_argument("timeout_s must be > 0");
-  // One RPC of max_keys_per_rpc keys (a push/commit request, or a pull reply) must fit in
-  // max_message_bytes, with room for the small header fields.
-  const uint64_t per_key = sizeof(int64_t) + static_cast<uint64_t>(o.dim) * sizeof(float);
-  const uint64_t rpc_bytes = static_cast<uint64_t>(o.max_keys_per_rpc) * per_key + 1024;
+  // One RPC of max_keys_per_rpc keys (a push/commit request, or a pull reply) of the widest
+  // table must fit in max_message_bytes, with room for the small header fields (and a
+  // multi-table request's list of tables).
+  uint32_t widest = 0;
+  uint64_t header = 1024;
+  for (const ClientTable& t : o.tables) {
+    widest = std::max(widest, t.dim);
+    if (o.tables.size() > 1) header += t.name.size() + 32;
+  }
+  const uint64_t per_key = sizeof(int64_t) + static_cast<uint64_t>(widest) * sizeof(float);
+  const uint64_t rpc_bytes = static_cast<uint64_t>(o.max_keys_per_rpc) * per_key + header;
   if (rpc_bytes > static_cast<uint64_t>(std::max(o.max_message_bytes, 0)))
     throw std::invalid_argument(
-        absl::StrCat("max_keys_per_rpc ", o.max_keys_per_rpc, " at dim ", o.dim, " needs RPCs of ",
+        absl::StrCat("max_keys_per_rpc ", o.max_keys_per_rpc, " at dim ", widest, " needs RPCs of ",
                      rpc_bytes, " bytes, more than max_message_bytes ", o.max_message_bytes));
 }
-
-// The distinct keys of a pull: first() holds the position of each one's first occurrence;
-// copy_duplicates() then gives every later occurrence its first occurrence's row.
-class FirstOccurrences {
- public:
-  FirstOccurrences(const int64_t* keys, size_t n) : uid_(n) {
-    absl::flat_hash_map<int64_t, uint32_t> index;
-    index.reserve(n);
-    first_.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      auto [it, inserted] = index.try_emplace(keys[i], static_cast<uint32_t>(first_.size()));
-      if (inserted) first_.push_back(static_cast<uint32_t>(i));
-      uid_[i] = it->second;
-    }
-  }
-  const std::vector<uint32_t>& first() const { return first_; }
-  bool has_duplicates() const { return first_.size() < uid_.size(); }
-  // out: `width` values per position.
-  template <class T>
-  void copy_duplicates(T* out, size_t width) const {
-    for (size_t i = 0; i < uid_.size(); ++i) {
-      const size_t f = first_[uid_[i]];
-      if (f != i) std::memcpy(out + i * width, out + f * width, width * sizeof(T));
-    }
-  }
-
- private:
-  std::vector<uint32_t> first_;
-  std::vector<uint32_t> uid_;  // per position: index of its key in first_
-};
 
 // A PullResponse written by hand (service.cc): the values field's header, the rows of
 // part's keys encoded as `enc`, each decoded to its position in `out`, then (when the pull
@@ -161,7 +136,7 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
 
 // ---- construction and teardown ------------------------------------------------------------
 
-PsClient::PsClient(ClientOptions opts) : opts_(std::move(opts)) {
+PsClient::PsClient(ClientOptions opts) : opts_(normalized(std::move(opts))) {
   check_options(opts_);
   tune_malloc_once();
   for (const std::string& addr : opts_.addresses) {
@@ -309,11 +284,11 @@ void PsClient::run(Calls& calls, double timeout_s) {
 }
 
 std::shared_ptr<AsyncOp> PsClient::run_async(Calls calls, std::function<void()> on_success,
-                                             RowBuffer output,
-                                             std::shared_ptr<const PullReport> seen) {
+                                             std::vector<RowBuffer> outputs,
+                                             std::vector<std::shared_ptr<const PullReport>> seen) {
   auto op = std::make_shared<AsyncOp>(
       std::move(calls), [this](const Call& c) { return describe(c); }, std::move(on_success),
-      std::move(output), std::move(seen));
+      std::move(outputs), std::move(seen));
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (closed_) throw std::runtime_error("client is closed");
@@ -401,6 +376,12 @@ void PsClient::pull(const int64_t* keys, size_t n, float* out, const PullOptions
   }
 }
 
+std::optional<uint32_t> PsClient::table_index(const std::string& name) const {
+  for (size_t i = 0; i < opts_.tables.size(); ++i)
+    if (opts_.tables[i].name == name) return static_cast<uint32_t>(i);
+  return std::nullopt;
+}
+
 std::optional<int64_t> PsClient::last_pull_committed() const {
   std::lock_guard<std::mutex> lock(last_pull_mu_);
   return last_pull_committed_;
@@ -410,8 +391,10 @@ std::shared_ptr<AsyncOp> PsClient::pull_async(const int64_t* keys, size_t n,
                                               const PullOptions& po) {
   RowBuffer rows = alloc_rows(n * opts_.dim);
   PullPlan plan = plan_pull(keys, n, rows.get(), po);  // the op owns what `out` points to
-  return run_async(std::move(plan.calls), std::move(plan.finish), std::move(rows),
-                   std::move(plan.seen));
+  std::vector<RowBuffer> outputs;
+  outputs.push_back(std::move(rows));
+  return run_async(std::move(plan.calls), std::move(plan.finish), std::move(outputs),
+                   {std::move(plan.seen)});
 }
 
 // ---- push / commit --------------------------------------------------------------------------

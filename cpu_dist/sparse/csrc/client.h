@@ -7,11 +7,17 @@
 // Rows cross the wire encoded as the call's Encoding says (codec.h): pulls take the client's
 // `compression` unless the call names another, pushes and commits always take the client's;
 // dumps and checkpoints are never compressed.
+// Many tables: a client names the (table, dim) of every table it moves (ClientOptions::tables).
+// pull_tables/push_tables/commit_tables carry several tables in one request (proto TablePart):
+// each table's keys go to shards by its salted shard_of, and per shard the tables' keys are
+// laid end to end and cut into RPCs of at most max_keys_per_rpc keys (MultiSplit), so a step
+// costs one RPC per shard per max_keys_per_rpc keys whatever the number of tables.
 // Every call carries the token as call metadata.  Pulls and commit chunks (idempotent: the
 // shard deduplicates chunks) are sent again after UNAVAILABLE, at most kMaxRetries times with
 // exponential back-off, within the call's own deadline; pushes never are.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,31 +26,42 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "codec.h"
+#include "dump_page.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "optimizer.h"
-#include "paging.h"
 #include "ps.pb.h"
 #include "rpc_call.h"
 #include "shard_split.h"
-#include "table.h"
 
 namespace cpu_dist::ps {
+
+// A table the client moves: its name (the shard's) and row width.
+struct ClientTable {
+  std::string name;
+  uint32_t dim = 0;
+};
 
 // The one definition of the client's defaults: the Python binding builds its keyword
 // defaults (and _ps.client_defaults()) from a default-constructed ClientOptions.
 struct ClientOptions {
   std::vector<std::string> addresses;
   std::string token;
+  // The one-table calls' table (pull, push, commit, dump, save, load): with `tables`, one of
+  // them (`table` where it names one, else the first) and `dim` 0 or its dim.
   uint32_t dim = 0;
   std::string table = "embedding";
+  // Every table of the multi-table calls, in the order their parts cross the wire; empty:
+  // the one table (table, dim).
+  std::vector<ClientTable> tables;
   uint32_t max_keys_per_rpc = 8192;
   uint32_t channels_per_shard = 2;
   double timeout_s = 60.0;
@@ -74,6 +91,24 @@ struct Gradients {
   OptimizerKind optimizer = OptimizerKind::kSgd;
 };
 
+// One table's share of a multi-table pull: keys[n] of client table `table` (an index into
+// PsClient::tables()).  Read before the call returns.
+struct TableKeysIn {
+  uint32_t table = 0;
+  const int64_t* keys = nullptr;
+  size_t n = 0;
+};
+
+// One table's share of a multi-table push or commit: keys[n], grads[n][that table's dim],
+// and its learning rate.  Read before the call returns.
+struct TableGradients {
+  uint32_t table = 0;
+  const int64_t* keys = nullptr;
+  const float* grads = nullptr;
+  size_t n = 0;
+  float lr = 0.0f;
+};
+
 // Where a commit belongs: rank `rank` of `world_size`, step `step` of session `session`; a
 // shard accepts it up to max_ahead steps beyond its committed one (1: the next step only).
 struct CommitPoint {
@@ -96,9 +131,10 @@ class PsClient;
 // yet done in parallel, and holds at most one page per shard.
 class DumpPager {
  public:
-  DumpPager(PsClient& client, uint64_t max_bytes);
+  // The pages of table `table` (an index into PsClient::tables()).
+  DumpPager(PsClient& client, uint64_t max_bytes, uint32_t table);
   // The next non-empty page (keys sorted inside it); false when every shard is done.
-  bool next(TableDump* page);
+  bool next(DumpRows* page);
 
  private:
   struct Shard {
@@ -107,8 +143,9 @@ class DumpPager {
   };
   PsClient& client_;
   const uint64_t max_bytes_;
+  const uint32_t table_;
   std::vector<Shard> shards_;
-  std::vector<TableDump> ready_;  // fetched pages not handed out yet, at most one per shard
+  std::vector<DumpRows> ready_;  // fetched pages not handed out yet, at most one per shard
 };
 
 class PsClient {
@@ -124,6 +161,11 @@ class PsClient {
   uint32_t num_shards() const { return static_cast<uint32_t>(shards_.size()); }
   const std::vector<std::string>& addresses() const { return opts_.addresses; }
   uint32_t dim() const { return opts_.dim; }
+  const std::string& table() const { return opts_.table; }
+  // Every table of the multi-table calls, in wire order (the one table without
+  // ClientOptions::tables); table_index: the position of `name` there.
+  const std::vector<ClientTable>& tables() const { return opts_.tables; }
+  std::optional<uint32_t> table_index(const std::string& name) const;
   double timeout_s() const { return opts_.timeout_s; }
   TrafficCounts traffic() const { return traffic_.snapshot(); }
 
@@ -145,6 +187,31 @@ class PsClient {
   std::shared_ptr<AsyncOp> commit_async(const CommitPoint& at, const Gradients& g);
   void commit(const CommitPoint& at, const Gradients& g);
 
+  // Many tables in one call (proto TablePart), `parts` in any order (sent in table order;
+  // each table at most once).  pull_tables_async: the op's outputs and reports are per part
+  // in table order (in_table_order gives it); with row_states each table's states are
+  // state_width floats per row (the table's optimizer, asked of the shards once).
+  std::shared_ptr<AsyncOp> pull_tables_async(const std::vector<TableKeysIn>& parts,
+                                             const PullOptions& po = {});
+  // `optimizer`: the requests' optimizer field (nullopt: unset, each table runs its spec's;
+  // a table the shard's flags declared runs the one named, as a one-table update does).
+  std::shared_ptr<AsyncOp> push_tables_async(const std::vector<TableGradients>& parts,
+                                             std::optional<OptimizerKind> optimizer = {});
+  // Every chunk of the step names every table of `parts`, those without keys too (count 0),
+  // and every shard gets at least one chunk (the empty marker): the step covers them all.
+  std::shared_ptr<AsyncOp> commit_tables_async(const CommitPoint& at,
+                                               const std::vector<TableGradients>& parts,
+                                               std::optional<OptimizerKind> optimizer = {});
+  // `parts` in the wire order of the multi-table calls (by table), checked: known tables,
+  // each at most once (std::invalid_argument naming the table otherwise).
+  template <class P>
+  std::vector<P> in_table_order(std::vector<P> parts) const;
+  // Optimizer state floats per row of client table `table`: 1 (sgd, row-wise Adagrad) or its
+  // dim (Adagrad), from the specs create_tables sent or, once, the shards' Health.
+  uint32_t state_width(uint32_t table);
+  // Creates `specs` on every shard (idempotent for identical specs); one reply per shard.
+  std::vector<CreateTablesResponse> create_tables(const std::vector<TableSpec>& specs);
+
   // Min committed step over shards once all reached `step`; WaitTimeout otherwise.
   int64_t wait_committed(uint64_t session, int64_t step, double timeout_s);
   int64_t committed_step(uint64_t session);
@@ -156,8 +223,10 @@ class PsClient {
   void shutdown();
   // Every row of every shard, sorted by key, fetched in pages of at most max_bytes (0: the
   // default page) from all shards in parallel; no size limit.
-  TableDump dump(uint64_t max_bytes = 0);
-  std::unique_ptr<DumpPager> dump_pages(uint64_t max_bytes);
+  // `table`: an index into tables() (the one-table calls' table by default).
+  DumpRows dump(uint64_t max_bytes = 0, std::optional<uint32_t> table = std::nullopt);
+  std::unique_ptr<DumpPager> dump_pages(uint64_t max_bytes,
+                                        std::optional<uint32_t> table = std::nullopt);
   // Checkpoints (paths relative to each shard's checkpoint directory).  save: shard i writes
   // paths[i]; with check_session it refuses unless the session is exactly at session_step.
   std::vector<SaveResponse> save(const std::vector<std::string>& paths, int64_t step,
@@ -204,8 +273,8 @@ class PsClient {
   void run(Calls& calls, double timeout_s);            // run_calls, then throw_first_failure
   // Starts calls on the shared completion thread; the op tracks them.
   std::shared_ptr<AsyncOp> run_async(Calls calls, std::function<void()> on_success = {},
-                                     RowBuffer output = {},
-                                     std::shared_ptr<const PullReport> seen = {});
+                                     std::vector<RowBuffer> outputs = {},
+                                     std::vector<std::shared_ptr<const PullReport>> seen = {});
   void async_loop();
   RpcError describe(const Call& c) const;  // "shard I (ADDR): CODE: message" and its fields
   SplitLimits limits() const;
@@ -226,7 +295,8 @@ class PsClient {
   // The next page of each listed shard from its cursor (pages of at most max_bytes, 0: the
   // default); each reply checked for its sizes and an advancing cursor.
   std::vector<DumpResponse> dump_round(const std::vector<uint32_t>& shards,
-                                       const std::vector<PageCursor>& from, uint64_t max_bytes);
+                                       const std::vector<PageCursor>& from, uint64_t max_bytes,
+                                       uint32_t table);
 
   const ClientOptions opts_;
   std::vector<Shard> shards_;
@@ -234,6 +304,8 @@ class PsClient {
   Traffic traffic_;
   mutable std::mutex last_pull_mu_;
   std::optional<int64_t> last_pull_committed_;  // under last_pull_mu_
+  std::mutex widths_mu_;
+  std::unordered_map<std::string, uint32_t> state_widths_;  // by table name, under widths_mu_
 
   grpc::CompletionQueue async_cq_;
   std::thread async_thread_;
@@ -243,5 +315,20 @@ class PsClient {
   bool closed_ = false;  // under pending_mu_
   std::mutex close_mu_;  // serialises close()
 };
+
+template <class P>
+std::vector<P> PsClient::in_table_order(std::vector<P> parts) const {
+  std::sort(parts.begin(), parts.end(), [](const P& a, const P& b) { return a.table < b.table; });
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].table >= opts_.tables.size())
+      throw std::invalid_argument("table index " + std::to_string(parts[i].table) +
+                                  " out of range: the client has " +
+                                  std::to_string(opts_.tables.size()) + " tables");
+    if (i > 0 && parts[i].table == parts[i - 1].table)
+      throw std::invalid_argument("table '" + opts_.tables[parts[i].table].name +
+                                  "' named twice in one call");
+  }
+  return parts;
+}
 
 }  // namespace cpu_dist::ps

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client.h"
 #include "hashing.h"
+#include "optimizer.h"
 #include "wire.h"
 
 namespace cpu_dist::ps {
@@ -22,6 +23,7 @@ constexpr const char* kDump = "/cpu_dist.ps.ParameterServer/Dump";
 constexpr const char* kShutdown = "/cpu_dist.ps.ParameterServer/Shutdown";
 constexpr const char* kSave = "/cpu_dist.ps.ParameterServer/Save";
 constexpr const char* kLoad = "/cpu_dist.ps.ParameterServer/Load";
+constexpr const char* kCreateTables = "/cpu_dist.ps.ParameterServer/CreateTables";
 
 // make_request for call_every_shard when every shard gets the same request.
 auto same_for_every_shard(const google::protobuf::MessageLite& req) {
@@ -134,6 +136,18 @@ std::vector<HealthResponse> PsClient::health() {
                                           opts_.timeout_s);
 }
 
+std::vector<CreateTablesResponse> PsClient::create_tables(const std::vector<TableSpec>& specs) {
+  CreateTablesRequest req;
+  for (const TableSpec& s : specs) *req.add_tables() = s;
+  std::vector<CreateTablesResponse> replies = call_every_shard<CreateTablesResponse>(
+      kCreateTables, same_for_every_shard(req), opts_.timeout_s);
+  std::lock_guard<std::mutex> lock(widths_mu_);  // every shard holds them now
+  for (const TableSpec& s : specs)
+    state_widths_[s.name()] =
+        state_floats(static_cast<OptimizerKind>(static_cast<int>(s.optimizer())), s.dim());
+  return replies;
+}
+
 void PsClient::shutdown() {
   call_every_shard<ShutdownResponse>(kShutdown, same_for_every_shard(ShutdownRequest()),
                                      opts_.timeout_s);
@@ -193,7 +207,8 @@ std::vector<LoadResponse> PsClient::load(const std::vector<std::string>& paths,
 
 std::vector<DumpResponse> PsClient::dump_round(const std::vector<uint32_t>& shards,
                                                const std::vector<PageCursor>& from,
-                                               uint64_t max_bytes) {
+                                               uint64_t max_bytes, uint32_t table) {
+  const ClientTable& t = opts_.tables.at(table);
   // The reply must fit the client's own receive limit.
   const uint64_t limit = static_cast<uint64_t>(opts_.max_message_bytes) - kDumpReplyOverhead;
   const uint64_t budget = std::min(max_bytes == 0 ? kDefaultDumpPageBytes : max_bytes, limit);
@@ -202,7 +217,7 @@ std::vector<DumpResponse> PsClient::dump_round(const std::vector<uint32_t>& shar
       [&](uint32_t s) {
         const PageCursor& c = from[std::find(shards.begin(), shards.end(), s) - shards.begin()];
         DumpRequest r;
-        r.set_table(opts_.table);
+        r.set_table(t.name);
         r.set_partition(c.partition);
         r.set_after_key_set(c.after_key_set);
         r.set_after_key(c.after_key);
@@ -210,7 +225,7 @@ std::vector<DumpResponse> PsClient::dump_round(const std::vector<uint32_t>& shar
         return r;
       },
       opts_.timeout_s);
-  const size_t row_bytes = size_t{opts_.dim} * sizeof(float);
+  const size_t row_bytes = size_t{t.dim} * sizeof(float);
   for (size_t i = 0; i < pages.size(); ++i) {
     const DumpResponse& p = pages[i];
     const size_t n = p.keys().size() / sizeof(int64_t);
@@ -219,8 +234,11 @@ std::vector<DumpResponse> PsClient::dump_round(const std::vector<uint32_t>& shar
     const bool advances = p.done() || p.next_partition() > c.partition ||
                           (p.next_partition() == c.partition && p.next_after_key_set() &&
                            (!c.after_key_set || p.next_after_key() > c.after_key));
-    if (p.keys().size() % sizeof(int64_t) != 0 || p.values().size() != n * row_bytes ||
-        p.state().size() != n * sizeof(float) || !advances || p.next_partition() >= kNumPartitions)
+    // State: one float per row, or dim (element-wise Adagrad).
+    const bool state_ok =
+        p.state().size() == n * sizeof(float) || p.state().size() == n * row_bytes;
+    if (p.keys().size() % sizeof(int64_t) != 0 || p.values().size() != n * row_bytes || !state_ok ||
+        !advances || p.next_partition() >= kNumPartitions)
       throw RpcError(absl::StrCat("shard ", shards[i], " (", shards_[shards[i]].address,
                                   "): malformed DumpResponse"),
                      shards[i], shards_[shards[i]].address);

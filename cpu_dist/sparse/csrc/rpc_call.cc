@@ -61,14 +61,14 @@ TrafficCounts Traffic::snapshot() const {
 // ---- AsyncOp ----------------------------------------------------------------------------
 
 AsyncOp::AsyncOp(Calls calls, std::function<RpcError(const Call&)> describe,
-                 std::function<void()> on_success, RowBuffer output,
-                 std::shared_ptr<const PullReport> seen)
+                 std::function<void()> on_success, std::vector<RowBuffer> outputs,
+                 std::vector<std::shared_ptr<const PullReport>> seen)
     : calls_(std::move(calls)),
       remaining_(calls_.size()),
       done_(calls_.empty()),
       describe_(std::move(describe)),
       on_success_(std::move(on_success)),
-      output_(std::move(output)),
+      outputs_(std::move(outputs)),
       seen_(std::move(seen)) {
   for (auto& c : calls_) c->op = this;
   if (done_ && on_success_) on_success_();
@@ -124,21 +124,30 @@ void AsyncOp::raise_if_failed() {
   if (err) throw *err;
 }
 
-RowBuffer AsyncOp::take_output() {
+RowBuffer AsyncOp::take_output(size_t table) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!done_ || error_) return nullptr;
-  return std::move(output_);
+  if (!done_ || error_ || table >= outputs_.size()) return nullptr;
+  return std::move(outputs_[table]);
 }
 
 std::optional<int64_t> AsyncOp::committed_seen() {
-  const auto r = report();
-  return r == nullptr ? std::nullopt : r->value();
+  std::optional<int64_t> lo;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_ || error_) return std::nullopt;
+  }
+  for (const auto& r : seen_) {  // fixed once done: no lock needed to read
+    if (r == nullptr) continue;
+    const std::optional<int64_t> v = r->value();
+    if (v && (!lo || *v < *lo)) lo = v;
+  }
+  return lo;
 }
 
-std::shared_ptr<const PullReport> AsyncOp::report() {
+std::shared_ptr<const PullReport> AsyncOp::report(size_t table) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!done_ || error_) return nullptr;
-  return seen_;
+  if (!done_ || error_ || table >= seen_.size()) return nullptr;
+  return seen_[table];
 }
 
 }  // namespace cpu_dist::ps

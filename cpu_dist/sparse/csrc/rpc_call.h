@@ -93,15 +93,17 @@ inline constexpr int64_t kUnknownStep = std::numeric_limits<int64_t>::min();
 // What the replies of one pull report beside its rows (a pull that names a commit session):
 // the smallest committed step (replies decode on several threads, so an atomic minimum) and,
 // when the pull asked for them, per row (at the row's position in the pull) the session step
-// up to which it holds every commit (PullResponse.row_steps) and its optimizer state.  The
-// decoders write disjoint positions of the per-row arrays.
+// up to which it holds every commit (PullResponse.row_steps) and its optimizer state
+// (`state_width` floats per row: 1, or dim for element-wise Adagrad).  The decoders write
+// disjoint positions of the per-row arrays.  A multi-table pull has one per table.
 class PullReport {
  public:
-  PullReport(size_t n, bool steps, bool states)
+  PullReport(size_t n, bool steps, bool states, uint32_t state_width = 1)
       : steps_(steps ? n : 0, 0),
-        states_(states ? n : 0, 0.0f),
+        states_(states ? n * state_width : 0, 0.0f),
         want_steps_(steps),
-        want_states_(states) {}
+        want_states_(states),
+        state_width_(state_width) {}
   void note(int64_t step) {
     int64_t cur = min_.load(std::memory_order_relaxed);
     while (step < cur && !min_.compare_exchange_weak(cur, step, std::memory_order_relaxed)) {
@@ -114,6 +116,7 @@ class PullReport {
   }
   bool wants_steps() const { return want_steps_; }
   bool wants_states() const { return want_states_; }
+  uint32_t state_width() const { return state_width_; }
   int64_t* steps() { return steps_.data(); }
   float* states() { return states_.data(); }
   const std::vector<int64_t>& steps() const { return steps_; }
@@ -125,6 +128,7 @@ class PullReport {
   std::vector<int64_t> steps_;
   std::vector<float> states_;
   bool want_steps_, want_states_;
+  uint32_t state_width_;
 };
 
 class AsyncOp;
@@ -160,11 +164,12 @@ using Calls = std::vector<std::unique_ptr<Call>>;
 class AsyncOp {
  public:
   // `on_success` runs on the completion thread after the last call, only if every call
-  // succeeded, before waiters see the op done.  `output` is what a pull_async op decodes
-  // its replies into, `seen` what its replies report committed steps to.
+  // succeeded, before waiters see the op done.  `outputs` is what a pull_async op decodes
+  // its replies into (one buffer per table), `seen` what its replies report committed steps
+  // to (one report per table; empty, or null entries, when the pull named no session).
   AsyncOp(Calls calls, std::function<RpcError(const Call&)> describe,
-          std::function<void()> on_success = {}, RowBuffer output = {},
-          std::shared_ptr<const PullReport> seen = {});
+          std::function<void()> on_success = {}, std::vector<RowBuffer> outputs = {},
+          std::vector<std::shared_ptr<const PullReport>> seen = {});
   // True when done within timeout_s (< 0: forever).
   bool wait(double timeout_s);
   bool done();
@@ -172,14 +177,15 @@ class AsyncOp {
   std::string error();
   // Throws RpcError with error() when the op failed.
   void raise_if_failed();
-  // The rows of a successful pull_async (once; null afterwards, or for other ops).
-  RowBuffer take_output();
+  // The rows of a successful pull_async (once; null afterwards, or for other ops); of a
+  // multi-table one, table `table`'s.
+  RowBuffer take_output(size_t table = 0);
   // Of a successful pull_async that named a session, once done: the minimum committed step
-  // over the shards it touched; nullopt otherwise.
+  // over the shards it touched (every table's); nullopt otherwise.
   std::optional<int64_t> committed_seen();
-  // Of a successful pull_async that named a session, once done: all its replies reported;
-  // null otherwise.
-  std::shared_ptr<const PullReport> report();
+  // Of a successful pull_async that named a session, once done: all its replies reported
+  // (of a multi-table one, table `table`'s share); null otherwise.
+  std::shared_ptr<const PullReport> report(size_t table = 0);
   Calls& calls() { return calls_; }
   // Called by the completion thread once per call, after the call was settled; true when
   // this was the last call (the op is done).
@@ -194,8 +200,8 @@ class AsyncOp {
   std::optional<RpcError> error_;
   std::function<RpcError(const Call&)> describe_;
   std::function<void()> on_success_;
-  RowBuffer output_;
-  std::shared_ptr<const PullReport> seen_;
+  std::vector<RowBuffer> outputs_;
+  std::vector<std::shared_ptr<const PullReport>> seen_;
 };
 
 }  // namespace cpu_dist::ps

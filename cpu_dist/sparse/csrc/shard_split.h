@@ -53,9 +53,11 @@ struct PartPayload {
   Encoding encoding = Encoding::kNone;
 };
 
-// A row that its encoding cannot carry: `index` into the caller's arrays.
+// A row that its encoding cannot carry: `index` into the caller's arrays (of table `table`
+// in a multi-table call).
 struct EncodeFailure {
   size_t index = 0;
+  uint32_t table = 0;
   CodecError error;
 };
 
@@ -81,6 +83,68 @@ class ShardSplit {
  private:
   std::vector<std::vector<uint32_t>> by_shard_;
   std::vector<Part> parts_;
+};
+
+// ---- many tables in one call (proto TablePart) ---------------------------------------------
+
+// One table's keys in a multi-table call: keys[i] for every i in `select` (or 0..n-1 when
+// null), placed by the table's salted shard_of.
+struct TableKeys {
+  const int64_t* keys = nullptr;
+  size_t n = 0;
+  const std::vector<uint32_t>* select = nullptr;
+  uint64_t salt = 0;
+};
+
+// A table's share of one RPC: idx[0..n) index that table's key (and row) arrays.
+struct Segment {
+  uint32_t table = 0;  // index into the call's tables
+  const uint32_t* idx = nullptr;
+  size_t n = 0;
+};
+
+// One RPC of a multi-table call: its tables' segments in table order (only tables with keys
+// in this RPC), n keys in all.
+struct MultiPart {
+  uint32_t shard = 0;
+  uint32_t channel = 0;
+  uint32_t index = 0;  // of this part among its shard's parts
+  uint32_t count = 0;  // parts of this shard
+  std::vector<Segment> segments;
+  size_t n = 0;
+};
+
+// What a multi-table part's request carries, per table: keys, and (Push, Commit) rows of the
+// table's dim, encoded as `encoding`.
+struct TablePayload {
+  const int64_t* keys = nullptr;
+  const float* rows = nullptr;
+  uint32_t dim = 0;
+};
+
+// The keys of several tables cut into RPCs as ShardSplit cuts one table's: per shard, the
+// tables' keys one after the other (table order), cut into parts of at most max_keys_per_rpc
+// keys whatever the number of tables, so a step's 26 tables cost what one table's rows do.
+class MultiSplit {
+ public:
+  MultiSplit(const std::vector<TableKeys>& tables, const SplitLimits& limits, SplitRule rule,
+             uint32_t channel_base);
+  MultiSplit(const MultiSplit&) = delete;  // parts point into by_shard_
+  MultiSplit& operator=(const MultiSplit&) = delete;
+
+  const std::vector<MultiPart>& parts() const { return parts_; }
+
+  // `head` (scalar fields and the TablePart list) plus the part's keys and, where the
+  // payloads have rows, its rows, each segment's at its table's dim, into `out`.
+  static std::optional<EncodeFailure> serialize(const MultiPart& part,
+                                                const google::protobuf::MessageLite& head,
+                                                const std::vector<TablePayload>& payloads,
+                                                int keys_field, int rows_field, Encoding encoding,
+                                                grpc::ByteBuffer* out);
+
+ private:
+  std::vector<std::vector<std::vector<uint32_t>>> by_shard_;  // [shard][table]: positions
+  std::vector<MultiPart> parts_;
 };
 
 }  // namespace cpu_dist::ps

@@ -3,11 +3,14 @@
 // and each blocking update is its asynchronous twin followed by Handle.wait().
 #include <pybind11/eval.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bindings.h"
 #include "client.h"
@@ -27,7 +30,9 @@ using ClientClass = py::class_<PsClient, ClientHolder>;
 
 OptimizerKind parse_optimizer(const std::string& name) {
   auto k = ps::optimizer_from_name(name);
-  if (!k) throw py::value_error("optimizer must be 'sgd' or 'rowwise_adagrad', got '" + name + "'");
+  if (!k)
+    throw py::value_error("optimizer must be 'sgd', 'rowwise_adagrad' or 'adagrad', got '" + name +
+                          "'");
   return *k;
 }
 
@@ -155,9 +160,10 @@ py::dict client_defaults() {
 }
 
 ClientHolder make_client(std::vector<std::string> addresses, std::string token, uint32_t dim,
-                         std::string table, uint32_t max_keys_per_rpc, uint32_t channels_per_shard,
-                         double timeout_s, int64_t max_message_bytes,
-                         const std::string& compression) {
+                         std::string table,
+                         std::optional<std::vector<std::pair<std::string, uint32_t>>> tables,
+                         uint32_t max_keys_per_rpc, uint32_t channels_per_shard, double timeout_s,
+                         int64_t max_message_bytes, const std::string& compression) {
   if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
     throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
                           std::to_string(max_message_bytes));
@@ -166,6 +172,10 @@ ClientHolder make_client(std::vector<std::string> addresses, std::string token, 
   o.token = std::move(token);
   o.dim = dim;
   o.table = std::move(table);
+  if (tables) {
+    if (tables->empty()) throw py::value_error("tables must name at least one table (or be None)");
+    for (auto& [name, tdim] : *tables) o.tables.push_back(ps::ClientTable{name, tdim});
+  }
   o.max_keys_per_rpc = max_keys_per_rpc;
   o.channels_per_shard = channels_per_shard;
   o.timeout_s = to_timeout(timeout_s);
@@ -198,11 +208,28 @@ py::array_t<T> owned_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
   return py::array_t<T>(shape, data, owner);
 }
 
-py::tuple dump_tuple(ps::TableDump&& d, uint32_t dim) {
+py::tuple dump_tuple(ps::DumpRows&& d, uint32_t dim) {
   const py::ssize_t n = static_cast<py::ssize_t>(d.keys.size());
+  const py::ssize_t w = d.state_width;
+  std::vector<py::ssize_t> state_shape{n};
+  if (w != 1) state_shape.push_back(w);  // element-wise Adagrad: [n, dim]
   return py::make_tuple(owned_array(std::move(d.keys), {n}),
                         owned_array(std::move(d.values), {n, static_cast<py::ssize_t>(dim)}),
-                        owned_array(std::move(d.state), {n}));
+                        owned_array(std::move(d.state), state_shape));
+}
+
+// A call's `table` keyword: None is the one-table calls' table; a name not among the
+// client's tables is a ValueError naming it and them.
+uint32_t table_index(const PsClient& c, const std::string& name, const char* call) {
+  if (auto t = c.table_index(name)) return *t;
+  std::string known;
+  for (const ps::ClientTable& t : c.tables()) known += (known.empty() ? "'" : ", '") + t.name + "'";
+  throw py::value_error(std::string(call) + ": table '" + name +
+                        "' is not one of this client's tables (" + known + ")");
+}
+
+uint32_t table_arg(const PsClient& c, const std::optional<std::string>& table, const char* call) {
+  return table_index(c, table.value_or(c.table()), call);
 }
 
 // Client.dump_pages' iterator.
@@ -211,7 +238,7 @@ class DumpPages {
   DumpPages(std::unique_ptr<ps::DumpPager> pager, uint32_t dim)
       : pager_(std::move(pager)), dim_(dim) {}
   py::tuple next() {
-    ps::TableDump page;
+    ps::DumpRows page;
     bool more;
     {
       py::gil_scoped_release release;
@@ -311,6 +338,217 @@ void def_data_ops(ClientClass& cls) {
                  py::arg("max_ahead") = 1, py::arg("base_step") = 0);
 }
 
+// ---- many tables in one call ------------------------------------------------------------
+
+// A multi-table pull's keys, held while the call is planned (the pointers in `parts`).
+struct TablesKeys {
+  std::vector<KeysArray> arrays;
+  std::vector<ps::TableKeysIn> parts;
+};
+
+TablesKeys as_tables_keys(const PsClient& c, const py::dict& parts, const char* call) {
+  TablesKeys out;
+  for (const auto& [name, keys] : parts) {
+    const std::string n = py::cast<std::string>(name);
+    const uint32_t t = table_index(c, n, call);
+    KeysArray k;
+    try {
+      k = as_keys(keys);
+    } catch (const py::value_error& e) {
+      throw py::value_error(std::string(call) + ": table '" + n + "': " + e.what());
+    }
+    out.parts.push_back(ps::TableKeysIn{t, k.data(), static_cast<size_t>(k.shape(0))});
+    out.arrays.push_back(std::move(k));
+  }
+  return out;
+}
+
+// A multi-table push's or commit's gradients, validated with the GIL held: the pointers in
+// `parts` stay valid while the arrays live.
+struct TablesUpdate {
+  std::vector<KeysArray> keys;
+  std::vector<RowsArray> grads;
+  std::vector<ps::TableGradients> parts;
+  std::optional<OptimizerKind> optimizer;
+};
+
+TablesUpdate as_tables_update(const PsClient& c, const py::dict& parts, const std::string& where,
+                              const std::optional<std::string>& optimizer) {
+  TablesUpdate u;
+  if (optimizer) u.optimizer = parse_optimizer(*optimizer);
+  for (const auto& [name, value] : parts) {
+    const std::string n = py::cast<std::string>(name);
+    const uint32_t t = table_index(c, n, where.c_str());
+    const std::string table_where = where + " table '" + n + "'";
+    const py::tuple kgl = py::cast<py::tuple>(value);
+    if (kgl.size() != 3)
+      throw py::value_error(table_where + ": expected (keys, grads, lr), got a tuple of " +
+                            std::to_string(kgl.size()));
+    KeysArray k;
+    RowsArray g;
+    float lr;
+    try {
+      k = as_keys(kgl[0]);
+      g = as_grads(kgl[1], k.shape(0), c.tables()[t].dim);
+      lr = check_lr(py::cast<double>(kgl[2]));
+    } catch (const py::value_error& e) {
+      throw py::value_error(table_where + ": " + e.what());
+    }
+    check_finite(k, g, table_where);
+    u.parts.push_back(
+        ps::TableGradients{t, k.data(), g.data(), static_cast<size_t>(k.shape(0)), lr});
+    u.keys.push_back(std::move(k));
+    u.grads.push_back(std::move(g));
+  }
+  return u;
+}
+
+std::shared_ptr<AsyncOp> start_push_tables(PsClient& c, const py::dict& parts,
+                                           const std::optional<std::string>& optimizer) {
+  TablesUpdate u = as_tables_update(c, parts, "push_tables", optimizer);
+  py::gil_scoped_release release;
+  return c.push_tables_async(u.parts, u.optimizer);
+}
+
+std::shared_ptr<AsyncOp> start_commit_tables(PsClient& c, uint64_t session, int64_t step,
+                                             uint32_t rank, uint32_t world_size,
+                                             const py::dict& parts, uint32_t max_ahead,
+                                             int64_t base_step,
+                                             const std::optional<std::string>& optimizer) {
+  check_rank(rank, world_size);
+  if (base_step < 0)
+    throw py::value_error("base_step must be >= 0, got " + std::to_string(base_step));
+  const ps::CommitPoint at{session, step, rank, world_size, check_max_ahead(max_ahead), base_step};
+  const std::string where = "commit of session " + std::to_string(session) + " step " +
+                            std::to_string(step) + " rank " + std::to_string(rank);
+  TablesUpdate u = as_tables_update(c, parts, where, optimizer);
+  py::gil_scoped_release release;
+  return c.commit_tables_async(at, u.parts, u.optimizer);
+}
+
+TablesHandle start_pull_tables(PsClient& c, const py::dict& parts,
+                               const std::optional<std::string>& compression,
+                               std::optional<uint64_t> session, bool row_steps, bool row_states) {
+  TablesKeys k = as_tables_keys(c, parts, "pull_tables");
+  ps::PullOptions po = pull_options(compression, session);
+  if ((row_steps || row_states) && !session)
+    throw py::value_error("pull_tables: row_steps and row_states need a session");
+  po.row_steps = row_steps;
+  po.row_states = row_states;
+  const std::vector<ps::TableKeysIn> ordered = c.in_table_order(k.parts);
+  std::vector<TablesHandle::Table> tables;
+  for (const ps::TableKeysIn& p : ordered) {
+    const ps::ClientTable& t = c.tables()[p.table];
+    tables.push_back({t.name, static_cast<py::ssize_t>(p.n), static_cast<py::ssize_t>(t.dim)});
+  }
+  std::shared_ptr<AsyncOp> op;
+  {
+    py::gil_scoped_release release;
+    op = c.pull_tables_async(ordered, po);
+  }
+  return TablesHandle(std::move(op), std::move(tables));
+}
+
+// A spec dict (the one shape of cpu_dist's table specs, cpu_dist/common/tables.py) as the
+// wire's TableSpec, read as the shard's Server(tables=...) reads one (bind_server.cc): name,
+// dim, optimizer and init_scale required; seed, num_embeddings, admit_after and expire_after
+// 0, eps 1e-8 for Adagrad where left out (0 for the others); an unknown or missing key, or a
+// value of the wrong kind, is a ValueError naming the table and the key.  The shard checks
+// the values' ranges (CreateTables' refusal names the table and the field).
+ps::TableSpec spec_from_dict(const py::dict& d, size_t index) {
+  static const char* const kKeys[] = {"name",        "dim",          "optimizer",
+                                      "init_scale",  "seed",         "num_embeddings",
+                                      "admit_after", "expire_after", "eps"};
+  std::string name = "#" + std::to_string(index);
+  if (d.contains("name")) name = py::cast<std::string>(py::str(d["name"]));
+  const std::string where = "create_tables: table '" + name + "'";
+  for (const auto& [k, v] : d) {
+    const std::string key = py::cast<std::string>(py::str(k));
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
+      throw py::value_error(where + ": unknown key '" + key + "'");
+  }
+  for (const char* required : {"name", "dim", "optimizer", "init_scale"})
+    if (!d.contains(required))
+      throw py::value_error(where + ": missing key '" + std::string(required) + "'");
+  auto get = [&](const char* key, auto fallback) {
+    using T = decltype(fallback);
+    if (!d.contains(key) || d[key].is_none()) return fallback;
+    try {
+      return py::cast<T>(d[key]);
+    } catch (const py::cast_error&) {
+      throw py::value_error(where + ": key '" + key + "' has the wrong type (" +
+                            std::string(py::str(py::type::of(d[key]).attr("__name__"))) + ")");
+    }
+  };
+  ps::TableSpec spec;
+  spec.set_name(get("name", std::string()));
+  const int64_t dim = get("dim", int64_t{0});
+  if (dim < 1 || dim > UINT32_MAX) throw py::value_error(where + ": dim must be >= 1");
+  spec.set_dim(static_cast<uint32_t>(dim));
+  const std::string opt = get("optimizer", std::string());
+  const auto kind = ps::optimizer_from_name(opt);
+  if (!kind)
+    throw py::value_error(
+        where + ": optimizer must be 'sgd', 'rowwise_adagrad' or 'adagrad', got '" + opt + "'");
+  spec.set_optimizer(static_cast<ps::Optimizer>(static_cast<int>(*kind)));
+  spec.set_init_scale(static_cast<float>(get("init_scale", 0.0)));
+  spec.set_seed(get("seed", uint64_t{0}));
+  spec.set_num_embeddings(get("num_embeddings", uint64_t{0}));
+  spec.set_admit_after(get("admit_after", uint32_t{0}));
+  spec.set_expire_after(get("expire_after", uint32_t{0}));
+  const bool adagrad = *kind == OptimizerKind::kAdagrad;
+  spec.set_eps(adagrad ? static_cast<float>(get("eps", double{ps::kDefaultAdagradEps})) : 0.0f);
+  return spec;
+}
+
+void def_tables_ops(ClientClass& cls) {
+  cls.def(
+         "create_tables",
+         [](PsClient& c, const py::list& specs) {
+           std::vector<ps::TableSpec> protos;
+           for (size_t i = 0; i < specs.size(); ++i) {
+             if (!py::isinstance<py::dict>(specs[i]))
+               throw py::value_error("create_tables: spec " + std::to_string(i) +
+                                     " must be a dict");
+             protos.push_back(spec_from_dict(py::cast<py::dict>(specs[i]), i));
+           }
+           return shard_replies([&] { return c.create_tables(protos); });
+         },
+         py::arg("specs"),
+         "Create the tables of `specs` (spec dicts) on every shard: idempotent for an "
+         "identical spec, refused (PSError naming the table and the field) for another.  One "
+         "dict per shard: {'created': n, 'existing': m}.")
+      .def("pull_tables_async", &start_pull_tables, py::arg("parts"), py::kw_only(),
+           py::arg("compression") = py::none(), py::arg("session") = py::none(),
+           py::arg("row_steps") = false, py::arg("row_states") = false,
+           "Rows of several tables at once ({table: keys}): one RPC per shard per "
+           "max_keys_per_rpc keys whatever the number of tables.  Returns a TablesHandle.")
+      .def(
+          "pull_tables",
+          [](PsClient& c, const py::dict& parts, const std::optional<std::string>& compression,
+             std::optional<uint64_t> session) {
+            return start_pull_tables(c, parts, compression, session, false, false)
+                .wait(std::nullopt);
+          },
+          py::arg("parts"), py::kw_only(), py::arg("compression") = py::none(),
+          py::arg("session") = py::none(),
+          "Like pull_tables_async, then wait: {table: float32 rows [n, dim of that table]}.");
+  const char* push_doc =
+      "A direct update of several tables ({table: (keys, grads, lr)}; benchmarks, tests): "
+      "per table duplicate keys are summed, then its optimizer runs once per row.";
+  def_async_pair(cls, "push_tables", &start_push_tables, push_doc, py::arg("parts"), py::kw_only(),
+                 py::arg("optimizer") = py::none());
+  const char* commit_doc =
+      "This rank's gradients of one step of a commit session for several tables ({table: "
+      "(keys, grads, lr)}, tables without keys too): one RPC per shard per max_keys_per_rpc "
+      "keys, every shard hearing of every step; the shards apply the step's tables all at "
+      "once, once every rank's chunks arrived.";
+  def_async_pair(cls, "commit_tables", &start_commit_tables, commit_doc, py::arg("session"),
+                 py::arg("step"), py::arg("rank"), py::arg("world_size"), py::arg("parts"),
+                 py::kw_only(), py::arg("max_ahead") = 1, py::arg("base_step") = 0,
+                 py::arg("optimizer") = py::none());
+}
+
 void def_sessions(ClientClass& cls) {
   cls.def(
          "wait_committed",
@@ -346,28 +584,35 @@ void def_admin(ClientClass& cls) {
            "Ask every shard to drain and stop.")
       .def(
           "dump",
-          [](PsClient& c, std::optional<uint64_t> max_bytes) {
-            ps::TableDump d;
+          [](PsClient& c, const std::optional<std::string>& table,
+             std::optional<uint64_t> max_bytes) {
+            const uint32_t t = table_arg(c, table, "dump");
+            ps::DumpRows d;
             {
               py::gil_scoped_release release;
-              d = c.dump(max_bytes.value_or(0));
+              d = c.dump(max_bytes.value_or(0), t);
             }
-            return dump_tuple(std::move(d), c.dim());
+            return dump_tuple(std::move(d), c.tables()[t].dim);
           },
-          py::kw_only(), py::arg("max_bytes") = py::none(),
-          "Every row of every shard sorted by key, as (keys, values, state); fetched in pages "
-          "of at most max_bytes (None: the default page), shards in parallel; no size limit.")
+          py::kw_only(), py::arg("table") = py::none(), py::arg("max_bytes") = py::none(),
+          "Every row of every shard of `table` (None: the client's one-table calls' table) "
+          "sorted by key, as (keys, values, state: float32 [n], or [n, dim] for Adagrad); "
+          "fetched in pages of at most max_bytes (None: the default page), shards in "
+          "parallel; no size limit.")
       .def(
           "dump_pages",
-          [](PsClient& c, std::optional<uint64_t> max_bytes) {
+          [](PsClient& c, const std::optional<std::string>& table,
+             std::optional<uint64_t> max_bytes) {
+            const uint32_t t = table_arg(c, table, "dump_pages");
             std::unique_ptr<ps::DumpPager> pager;
             {
               py::gil_scoped_release release;
-              pager = c.dump_pages(max_bytes.value_or(0));
+              pager = c.dump_pages(max_bytes.value_or(0), t);
             }
-            return DumpPages(std::move(pager), c.dim());
+            return DumpPages(std::move(pager), c.tables()[t].dim);
           },
-          py::kw_only(), py::arg("max_bytes") = py::none(), py::keep_alive<0, 1>(),
+          py::kw_only(), py::arg("table") = py::none(), py::arg("max_bytes") = py::none(),
+          py::keep_alive<0, 1>(),
           "An iterator of pages (keys, values, state), each sorted by key and from one shard, "
           "pages in no global order; at most one page per shard is held at a time.");
 }
@@ -465,8 +710,8 @@ class PSError(RuntimeError):
 
   const ps::ClientOptions defaults;  // the one definition of the keyword defaults
   ClientClass cls(m, "Client", "Client of a set of parameter-server shards.");
-  cls.def(py::init(&make_client), py::arg("addresses"), py::arg("token"), py::arg("dim"),
-          py::kw_only(), py::arg("table") = defaults.table,
+  cls.def(py::init(&make_client), py::arg("addresses"), py::arg("token"), py::arg("dim") = 0,
+          py::kw_only(), py::arg("table") = defaults.table, py::arg("tables") = py::none(),
           py::arg("max_keys_per_rpc") = defaults.max_keys_per_rpc,
           py::arg("channels_per_shard") = defaults.channels_per_shard,
           py::arg("timeout_s") = defaults.timeout_s,
@@ -478,9 +723,20 @@ class PSError(RuntimeError):
       .def_property_readonly("num_shards", &PsClient::num_shards)
       .def_property_readonly("addresses", &PsClient::addresses)
       .def_property_readonly("dim", &PsClient::dim)
+      .def_property_readonly("table", &PsClient::table)
+      .def_property_readonly(
+          "tables",
+          [](const PsClient& c) {
+            py::list out;
+            for (const ps::ClientTable& t : c.tables()) out.append(py::make_tuple(t.name, t.dim));
+            return out;
+          },
+          "(name, dim) of every table of the multi-table calls, in the order they cross the "
+          "wire.")
       .def_property_readonly("compression",
                              [](const PsClient& c) { return ps::encoding_name(c.compression()); });
   def_data_ops(cls);
+  def_tables_ops(cls);
   def_sessions(cls);
   def_admin(cls);
   def_checkpoints(cls);

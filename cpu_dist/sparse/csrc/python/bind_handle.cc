@@ -1,5 +1,6 @@
 // cpu_dist.sparse._ps.Handle (handle.h).
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,48 @@ py::object Handle::row_states() const {
   return copy_out(report->states());
 }
 
+py::dict TablesHandle::wait(std::optional<double> timeout_s) {
+  const double t = to_timeout(timeout_s);
+  bool done;
+  {
+    py::gil_scoped_release release;
+    done = op_->wait(t);
+  }
+  if (!done) throw ps::WaitTimeout("operation not finished within " + std::to_string(t) + " s");
+  op_->raise_if_failed();
+  if (!result_) {
+    py::dict out;
+    for (size_t i = 0; i < tables_.size(); ++i)
+      out[py::str(tables_[i].name)] =
+          owned_rows(op_->take_output(i), tables_[i].rows, tables_[i].dim);
+    result_ = out;
+  }
+  return py::reinterpret_borrow<py::dict>(result_);
+}
+
+py::object TablesHandle::row_steps() const {
+  py::dict out;
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    auto report = op_->report(i);
+    if (report == nullptr || !report->wants_steps()) return py::none();
+    out[py::str(tables_[i].name)] = copy_out(report->steps());
+  }
+  return std::move(out);
+}
+
+py::object TablesHandle::row_states() const {
+  py::dict out;
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    auto report = op_->report(i);
+    if (report == nullptr || !report->wants_states()) return py::none();
+    py::object states = copy_out(report->states());
+    if (report->state_width() != 1)  // element-wise Adagrad: [n, dim]
+      states = states.attr("reshape")(tables_[i].rows, report->state_width());
+    out[py::str(tables_[i].name)] = states;
+  }
+  return std::move(out);
+}
+
 void bind_handle(py::module_& m) {
   py::class_<Handle>(m, "Handle", "An asynchronous pull, push or commit in flight.")
       .def("wait", &Handle::wait, py::arg("timeout_s") = py::none(),
@@ -69,6 +112,21 @@ void bind_handle(py::module_& m) {
       .def("row_states", &Handle::row_states,
            "Of a finished pull that asked for row_states: float32 per row, its optimizer "
            "state (row-wise Adagrad's accumulator).  None otherwise.");
+  py::class_<TablesHandle>(m, "TablesHandle", "An asynchronous multi-table pull in flight.")
+      .def("wait", &TablesHandle::wait, py::arg("timeout_s") = py::none(),
+           "Wait until done: {table: float32 rows [n, dim of that table]}.  Raises PSError on "
+           "failure, TimeoutError on timeout.")
+      .def("done", &TablesHandle::done)
+      .def("committed_step", &TablesHandle::committed_step,
+           "Of a finished pull that named a session: the minimum committed step of the shards "
+           "it touched (-1: none of them has one); None otherwise.")
+      .def("row_steps", &TablesHandle::row_steps,
+           "Of a finished pull that asked for row_steps: {table: int64 per row}, the session "
+           "step up to which the row holds every commit of the session that touched it (int64 "
+           "min where the shard gave no bound).  None otherwise.")
+      .def("row_states", &TablesHandle::row_states,
+           "Of a finished pull that asked for row_states: {table: float32 [n] (sgd, row-wise "
+           "Adagrad) or [n, dim] (Adagrad)}, the rows' optimizer states.  None otherwise.");
 }
 
 }  // namespace cpu_dist::python

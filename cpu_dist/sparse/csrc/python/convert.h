@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -75,8 +76,10 @@ inline RowsArray as_grads(const py::handle& obj, py::ssize_t n, uint32_t dim) {
   return a;
 }
 
-// A protobuf message's scalar fields as a dict (field name -> int/float/bool/str; a float32
-// field becomes the Python float of exactly that value).
+// A protobuf message's fields as a dict (field name -> int/float/bool/str; a float32 field
+// becomes the Python float of exactly that value; an enum its value's name in lower case, as
+// the spec dicts name optimizers; a repeated message field a list of such dicts, e.g. Stats'
+// and Health's `tables`).  Other repeated fields are left out.
 inline py::dict message_to_dict(const google::protobuf::Message& m) {
   py::dict d;
   const auto* desc = m.GetDescriptor();
@@ -84,8 +87,15 @@ inline py::dict message_to_dict(const google::protobuf::Message& m) {
   using FD = google::protobuf::FieldDescriptor;
   for (int i = 0; i < desc->field_count(); ++i) {
     const FD* f = desc->field(i);
-    if (f->is_repeated()) continue;
     py::str name(f->name());
+    if (f->is_repeated()) {
+      if (f->cpp_type() != FD::CPPTYPE_MESSAGE) continue;
+      py::list items;
+      for (int j = 0; j < refl->FieldSize(m, f); ++j)
+        items.append(message_to_dict(refl->GetRepeatedMessage(m, f, j)));
+      d[name] = items;
+      continue;
+    }
     switch (f->cpp_type()) {
       case FD::CPPTYPE_UINT64: d[name] = refl->GetUInt64(m, f); break;
       case FD::CPPTYPE_UINT32: d[name] = refl->GetUInt32(m, f); break;
@@ -99,6 +109,12 @@ inline py::dict message_to_dict(const google::protobuf::Message& m) {
         const std::string v = refl->GetString(m, f);
         d[name] = py::reinterpret_steal<py::str>(
             PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "replace"));
+        break;
+      }
+      case FD::CPPTYPE_ENUM: {
+        std::string v = refl->GetEnum(m, f)->name();
+        for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        d[name] = v;
         break;
       }
       default: break;

@@ -8,6 +8,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "rpc_call.h"
 
@@ -38,6 +40,33 @@ class Handle {
   py::ssize_t rows_;
   py::ssize_t dim_;
   py::object result_;  // the rows, once a wait() returned them
+};
+
+// A multi-table pull in flight (Client.pull_tables_async): per table of the pull (in the
+// client's table order, as the op's outputs and reports are), its name, key count and dim.
+class TablesHandle {
+ public:
+  struct Table {
+    std::string name;
+    py::ssize_t rows = 0;
+    py::ssize_t dim = 0;
+  };
+  TablesHandle(std::shared_ptr<ps::AsyncOp> op, std::vector<Table> tables)
+      : op_(std::move(op)), tables_(std::move(tables)) {}
+
+  // {table name: float32 rows [n, dim]}.
+  py::dict wait(std::optional<double> timeout_s);
+  bool done() const { return op_->done(); }
+  std::optional<int64_t> committed_step() const { return op_->committed_seen(); }
+  // {table name: int64 [n]} and {table name: float32 [n] or [n, dim]} (Adagrad), once done
+  // and asked for; None otherwise.
+  py::object row_steps() const;
+  py::object row_states() const;
+
+ private:
+  std::shared_ptr<ps::AsyncOp> op_;
+  std::vector<Table> tables_;
+  py::object result_;  // the dict, once a wait() returned it
 };
 
 void bind_handle(py::module_& m);  // bind_handle.cc

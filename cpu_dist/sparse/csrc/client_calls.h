@@ -1,0 +1,82 @@
+// Pieces shared by the client's data operations (client.cc: one table; client_tables.cc:
+// many tables in one call).  Internal to the client library.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "codec.h"
+#include "optimizer.h"
+#include "ps.pb.h"
+#include "shard_split.h"
+
+namespace cpu_dist::ps::client_calls {
+
+inline constexpr const char* kPull = "/cpu_dist.ps.ParameterServer/Pull";
+inline constexpr const char* kPush = "/cpu_dist.ps.ParameterServer/Push";
+inline constexpr const char* kCommit = "/cpu_dist.ps.ParameterServer/Commit";
+
+// Row-count arguments index with uint32_t (positions, slot ids): refuse what would wrap.
+inline void check_count(size_t n) {
+  if (n > UINT32_MAX)
+    throw std::invalid_argument(
+        absl::StrCat(n, " keys in one call: at most ", UINT32_MAX, " are supported"));
+}
+
+inline std::chrono::system_clock::time_point deadline_in(double s) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             std::chrono::duration<double>(s));
+}
+
+inline Optimizer to_proto(OptimizerKind k) {  // equal values (optimizer.h)
+  return static_cast<Optimizer>(static_cast<int>(k));
+}
+
+inline Compression to_proto(Encoding e) { return static_cast<Compression>(encoding_to_wire(e)); }
+
+// A gradient row the client's encoding cannot carry: refused before anything is sent.
+[[noreturn]] inline void refuse_gradient(const EncodeFailure& f, int64_t key, Encoding e,
+                                         const std::string& where) {
+  throw std::invalid_argument(absl::StrCat("gradient of key ", key, " in ", where, " (row ",
+                                           f.index, "): ", describe(e, f.error),
+                                           "; nothing was sent"));
+}
+
+// The distinct keys of a pull: first() holds the position of each one's first occurrence;
+// copy_duplicates() then gives every later occurrence its first occurrence's row.
+class FirstOccurrences {
+ public:
+  FirstOccurrences(const int64_t* keys, size_t n) : uid_(n) {
+    absl::flat_hash_map<int64_t, uint32_t> index;
+    index.reserve(n);
+    first_.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto [it, inserted] = index.try_emplace(keys[i], static_cast<uint32_t>(first_.size()));
+      if (inserted) first_.push_back(static_cast<uint32_t>(i));
+      uid_[i] = it->second;
+    }
+  }
+  const std::vector<uint32_t>& first() const { return first_; }
+  bool has_duplicates() const { return first_.size() < uid_.size(); }
+  // out: `width` values per position.
+  template <class T>
+  void copy_duplicates(T* out, size_t width) const {
+    for (size_t i = 0; i < uid_.size(); ++i) {
+      const size_t f = first_[uid_[i]];
+      if (f != i) std::memcpy(out + i * width, out + f * width, width * sizeof(T));
+    }
+  }
+
+ private:
+  std::vector<uint32_t> first_;
+  std::vector<uint32_t> uid_;  // per position: index of its key in first_
+};
+
+}  // namespace cpu_dist::ps::client_calls
