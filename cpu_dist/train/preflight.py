@@ -1,11 +1,14 @@
 """Checks of a job's surroundings before anything is trained or written, with a verdict every
 rank shares (exit code 2, one message): a checkpoint directory that belongs to another run,
 and external shards (``--ps_list`` without PS ranks) that do not match the job or already
-hold another job's rows.  The flags themselves were checked by ``cpu_dist.common.flags``."""
+hold another job's rows.  A job whose job file declares tables creates them on the external
+shards (``Client.create_tables``: idempotent for an identical spec, refused naming the table
+and the field for another).  The flags themselves were checked by ``cpu_dist.common.flags``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -15,6 +18,9 @@ from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import JobError, Roles
 from cpu_dist.sparse import Client, PSError
+
+if TYPE_CHECKING:
+    from cpu_dist.sparse._ps import TableSpec
 
 
 class SetupError(JobError):
@@ -50,9 +56,14 @@ def check_checkpoint_dir(cfg: Config) -> None:
 
 
 def _mismatches(cfg: Config, index: int, count: int, health: dict) -> list[str]:
+    """What a shard's Health says that the job does not expect: its place in --ps_list, and
+    for the flags' one table (a job without a job file) that table's settings; a job file's
+    tables are created by the job instead (:func:`create_job_tables`), which compares them."""
+    placement = {"shard_index": index, "num_shards": count}
+    if not cfg.tables.fused:
+        return _differences(placement, health)
     expect = {
-        "shard_index": index,
-        "num_shards": count,
+        **placement,
         "dim": cfg.model.embedding_dim,
         "table": TABLE,
         "seed": cfg.train.seed,
@@ -64,6 +75,10 @@ def _mismatches(cfg: Config, index: int, count: int, health: dict) -> list[str]:
     }
     if health.get("admit_after") == 1:  # 0 and 1 both mean "off"
         health = {**health, "admit_after": 0}
+    return _differences(expect, health)
+
+
+def _differences(expect: dict, health: dict) -> list[str]:
     return [
         f"{key} {health.get(key)!r} (the job expects {want!r})"
         for key, want in expect.items()
@@ -93,12 +108,16 @@ def check_external_shards(cfg: Config, token: str) -> None:
     for i, (address, h) in enumerate(zip(addresses, health)):
         wrong = _mismatches(cfg, i, len(addresses), h)
         if wrong:
+            how = (
+                "the job's --seed, --init-scale, --embedding-dim, --ps-admit-after and "
+                "--ps-expire-after, and "
+                if cfg.tables.fused
+                else ""
+            )
             raise SetupError(
                 f"shard {i} of --ps_list ({address}) does not match the job: "
                 + "; ".join(wrong)
-                + " (start it with the job's --seed, --init-scale, --embedding-dim, "
-                "--ps-admit-after and --ps-expire-after, and "
-                f"--shard-index {i} --num-shards {len(addresses)})"
+                + f" (start it with {how}--shard-index {i} --num-shards {len(addresses)})"
             )
     held = [(a, _rows(h)) for a, h in zip(addresses, health) if _rows(h)]
     restoring = cfg.checkpoint.resume and _checkpoint_to_resume(cfg)
@@ -109,6 +128,32 @@ def check_external_shards(cfg: Config, token: str) -> None:
             "pass --resume with a checkpoint to restore over them, or --reuse-shard-rows to "
             "train on them"
         )
+
+
+def create_job_tables(cfg: Config, token: str) -> None:
+    """A job file's tables on every external shard (``CreateTables``): created where missing,
+    kept where a shard already holds the identical spec (a restarted job, or a table another
+    job shares), and refused, naming the shard, the table and the field, where a shard holds a
+    table of that name with another spec (among them the table a shard's own ``--dim``,
+    ``--table``, ``--seed``, ``--init-scale`` and rule flags declare).  Nothing to do for the
+    flags' one table: :func:`check_external_shards` compared it with the shard's."""
+    if cfg.tables.fused:
+        return
+    specs = cfg.tables.specs(cfg.train.seed)
+    for i, address in enumerate(cfg.job.ps_list):
+        client = Client(
+            [address], token, cfg.model.embedding_dim, timeout_s=cfg.client.rpc_timeout_s
+        )
+        try:
+            client.create_tables(cast("list[TableSpec]", specs))
+        except (PSError, ValueError) as exc:
+            raise SetupError(
+                f"shard {i} of --ps_list ({address}) refused the tables of --config "
+                f"{cfg.tables.source}: {exc} (restart the shard, or give the table another "
+                "name)"
+            ) from None
+        finally:
+            client.close()
 
 
 def check_external_checkpoint_dirs(cfg: Config, token: str) -> None:
@@ -147,6 +192,7 @@ def preflight(cfg: Config, roles: Roles, token: str) -> None:
             if cfg.job.external_shards:
                 check_external_shards(cfg, token)
                 check_external_checkpoint_dirs(cfg, token)
+                create_job_tables(cfg, token)  # last: nothing is created for a job refused
         except SetupError as exc:
             verdict = str(exc)
     verdict = roles.world.bcast(verdict, root=0)

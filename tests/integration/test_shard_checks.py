@@ -100,3 +100,55 @@ def test_resume_takes_over_shards_a_killed_job_left_sessions_on(token, tmp_path)
         assert "resumed from" in resumed.stderr
     with np.load(out) as z:
         assert len(z["sparse_keys"]) > 0
+
+
+def tables_file(tmp_path, **table) -> str:
+    """A job file with one table serving every feature (``table``: its keys)."""
+    features = ", ".join(f'"cat_{i}"' for i in range(26))
+    keys = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in table.items())
+    path = tmp_path / f"job-{len(list(tmp_path.glob('job-*')))}.toml"
+    path.write_text(f"[[tables]]\n{keys}features = [{features}]\n")
+    return str(path)
+
+
+def test_a_job_table_named_as_the_shard_s_own_with_another_spec_is_refused(token, tmp_path):
+    # the shard's flags declare the table "embedding" of dim 8; the job's "embedding" is 16 wide
+    config = tables_file(tmp_path, name="embedding", dim=16)
+    with standalone_shards(token, DIM, 1) as (addrs, _):
+        proc = job(token, addrs, "--config", config, "--arch-mlp-bot", "16-16")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"shard 0 of --ps_list ({addrs[0]}) refused the tables of --config" in proc.stderr
+    assert "table 'embedding' exists on this shard with another dim" in proc.stderr, proc.stderr[
+        -2000:
+    ]
+
+
+def test_shards_keep_an_identical_table_and_refuse_another_spec_naming_table_and_field(
+    token, tmp_path
+):
+    from cpu_dist.common.tables import CATEGORICAL_FEATURES, TableConfig
+    from cpu_dist.common.tokens import read_token_file
+    from cpu_dist.sparse import Client
+
+    spec = TableConfig("t", DIM, CATEGORICAL_FEATURES).spec(0)  # the job's seed, scale 1/sqrt(8)
+    with standalone_shards(token, DIM, 2) as (addrs, _):
+        client = Client(addrs, read_token_file(token), DIM)
+        try:
+            assert [r["created"] for r in client.create_tables([spec])] == [1, 1]
+        finally:
+            client.close()
+        other = job(token, addrs, "--config", tables_file(tmp_path, name="t", init_scale=0.5))
+        assert other.returncode == 2, other.stderr[-2000:]
+        assert "refused the tables of --config" in other.stderr
+        assert "table 't' exists on this shard with another init_scale" in other.stderr, (
+            other.stderr[-2000:]
+        )
+        same = job(token, addrs, "--config", tables_file(tmp_path, name="t"))
+        assert same.returncode == 0, same.stderr[-3000:]
+        client = Client(addrs, read_token_file(token), DIM)
+        try:
+            held = [{t["name"]: t for t in h["tables"]} for h in client.health()]
+        finally:
+            client.close()
+    scale = float(np.float32(spec["init_scale"]))  # the shard keeps it as float32
+    assert all(h["t"]["dim"] == DIM and h["t"]["init_scale"] == scale for h in held)
