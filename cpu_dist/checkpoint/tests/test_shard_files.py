@@ -154,11 +154,12 @@ def test_bad_files_are_refused_and_named(shards, tmp_path):
     import zlib
 
     bad = bytearray(good)
-    bad[8:12] = struct.pack("<I", 3)
-    hlen = 48 + len("embedding") + 4096 * 20  # version 2: rows, counts, crc per partition
+    bad[8:12] = struct.pack("<I", 4)
+    # version 3, one table: its 72 fixed bytes, name, rows, counts and crc per partition
+    hlen = 48 + 72 + len("embedding") + 4096 * 20
     bad[hlen : hlen + 4] = struct.pack("<I", zlib.crc32(bytes(bad[:hlen])))
     f0.write_bytes(bytes(bad))
-    refused(b.client, paths, [], [], "format version 3, this build reads versions 1 to 2", before)
+    refused(b.client, paths, [], [], "format version 4, this build reads versions 1 to 3", before)
     # the other file of another checkpoint, same size
     f0.write_bytes(good)
     msg = refused(b.client, paths, sizes, [sums[0] ^ 1, sums[1]], "is not the manifest's", before)
@@ -167,13 +168,16 @@ def test_bad_files_are_refused_and_named(shards, tmp_path):
     f0.write_bytes(b"\0" * len(good))
     refused(b.client, paths, sizes, sums, "bad magic", before)
     f0.write_bytes(good)
-    # other dimension, other table
+    # other dimension: refused naming the table and the field
     c = shards(1, dim=DIM * 2)
-    with pytest.raises(PSError, match="rows of dim 8, the table's dim is 16"):
+    with pytest.raises(PSError, match="table 'embedding' has dim 8 in the checkpoint, 16 on"):
         c.client.load(paths, sizes, sums)
+    # a shard without the table gets it, from the file's spec, beside its own
     d = shards(1, table="other")
-    with pytest.raises(PSError, match="holds table 'embedding', this shard serves 'other'"):
-        d.client.load(paths, sizes, sums)
+    d.client.load(paths, sizes, sums)
+    assert [t["name"] for t in d.client.health()[0]["tables"]] == ["embedding", "other"]
+    plain = Client([s.address for s in d.servers], TOKEN, DIM, timeout_s=30.0)
+    assert_same(dump(plain), dump(a.client))
     # the good files still load
     b.client.load(paths, sizes, sums)
     assert_same(dump(b.client), dump(a.client))

@@ -112,9 +112,12 @@ class Bytes {
   size_t size_ = 0, cap_ = 0;
 };
 
-// What the save knows before the pieces are built: the DRAM keys bucketed by partition (one
-// pass over the index instead of one per piece) and the counts, sorted.
+// What the save knows of one table before the pieces are built: the DRAM keys bucketed by
+// the table's partition (one pass over the index instead of one per piece) and the counts,
+// sorted.
 struct SavePlan {
+  const ShardTable* table = nullptr;
+  uint32_t state_floats = 1;
   std::vector<uint64_t> key_start;    // kNumPartitions + 1 offsets into keys
   std::vector<int64_t> keys;          // DRAM keys, partition by partition (sorted per piece)
   std::vector<PendingRow> pending;    // sorted by (partition, key)
@@ -122,26 +125,28 @@ struct SavePlan {
   std::vector<uint32_t> first;        // pieces: partitions [first[i], first[i + 1])
 };
 
-// Appends partition p's block (checkpoint_format.h, version 2) to out, merging the DRAM rows
-// (read under the stripe locks) with the SSD tier's from `cur` (a range scan in the file's own
-// order; where a row is in both, DRAM's is the current one).  Sets the partition's counts and
-// checksum in h.
-void append_block(const ShardTable& table, uint32_t p, const int64_t* dkeys, size_t dn,
+// Appends partition p's block (checkpoint_format.h, version 3) of one table to out, merging
+// the DRAM rows (read under the stripe locks) with the SSD tier's from `cur` (a range scan in
+// the file's own order; where a row is in both, DRAM's is the current one).  Sets the
+// partition's counts and checksum in h.
+void append_block(const SavePlan& plan, uint32_t p, const int64_t* dkeys, size_t dn,
                   const PendingRow* pend, size_t m, TierStore::Cursor* cur, Bytes& out,
-                  FileHeader& h) {
+                  TableHeader& h) {
+  const ShardTable& table = *plan.table;
   const uint32_t dim = table.dim();
+  const size_t sf = plan.state_floats;
   const size_t start = out.size();
   size_t n = dn;
   if (cur == nullptr || !cur->valid() || cur->partition() != p) {
     // DRAM rows only: read straight into the block's places.
-    char* b = out.extend(dn * block_row_bytes(dim, kFormatVersion));
+    char* b = out.extend(dn * block_row_bytes(dim, plan.state_floats, kFormatVersion));
     if (dn > 0) std::memcpy(b, dkeys, dn * sizeof(int64_t));
     char* values = b + dn * sizeof(int64_t);
     char* state = values + dn * dim * sizeof(float);
-    char* steps = state + dn * sizeof(float);
+    char* steps = state + dn * sf * sizeof(float);
     if (dn > 0) table.read(dkeys, dn, values, state, steps);
   } else {
-    std::vector<float> dvalues(dn * dim), dstate(dn);
+    std::vector<float> dvalues(dn * dim), dstate(dn * sf);
     std::vector<int64_t> dsteps(dn);
     if (dn > 0) table.read(dkeys, dn, dvalues.data(), dstate.data(), dsteps.data());
     std::vector<int64_t> keys, steps;
@@ -150,7 +155,7 @@ void append_block(const ShardTable& table, uint32_t p, const int64_t* dkeys, siz
     const auto take_dram = [&] {
       keys.push_back(dkeys[d]);
       values.insert(values.end(), &dvalues[d * dim], &dvalues[d * dim] + dim);
-      state.push_back(dstate[d]);
+      state.insert(state.end(), &dstate[d * sf], &dstate[d * sf] + sf);
       steps.push_back(dsteps[d]);
       ++d;
     };
@@ -163,9 +168,10 @@ void append_block(const ShardTable& table, uint32_t p, const int64_t* dkeys, siz
       }
       keys.push_back(k);
       values.resize(values.size() + dim);
-      state.emplace_back();
+      state.resize(state.size() + sf);
       steps.emplace_back();
-      table.ssd_decode(cur->value(), &values[values.size() - dim], &state.back(), &steps.back());
+      table.ssd_decode(cur->value(), &values[values.size() - dim], &state[state.size() - sf],
+                       &steps.back());
     }
     while (d < dn) take_dram();
     n = keys.size();
@@ -174,7 +180,7 @@ void append_block(const ShardTable& table, uint32_t p, const int64_t* dkeys, siz
     };
     put(keys.data(), n * sizeof(int64_t));
     put(values.data(), values.size() * sizeof(float));
-    put(state.data(), n * sizeof(float));
+    put(state.data(), state.size() * sizeof(float));
     put(steps.data(), n * sizeof(int64_t));
   }
   if (m > 0) {
@@ -188,8 +194,9 @@ void append_block(const ShardTable& table, uint32_t p, const int64_t* dkeys, siz
   h.partition_crc[p] = n + m > 0 ? crc32_of(0, out.data() + start, out.size() - start) : 0;
 }
 
-// Piece i of the plan: its partitions' blocks, one after the other.
-Bytes build_piece(const ShardTable& table, SavePlan& plan, size_t i, FileHeader& h) {
+// Piece i of a table's plan: its partitions' blocks, one after the other.
+Bytes build_piece(SavePlan& plan, size_t i, TableHeader& h) {
+  const ShardTable& table = *plan.table;
   const uint32_t lo = plan.first[i], hi = plan.first[i + 1];
   // Each piece sorts its own keys (the workers share the sorting).
   for (uint32_t p = lo; p < hi; ++p)
@@ -199,20 +206,23 @@ Bytes build_piece(const ShardTable& table, SavePlan& plan, size_t i, FileHeader&
   if (cur) cur->seek(lo, false, 0);
   Bytes out;
   const size_t rows = plan.key_start[hi] - plan.key_start[lo];
-  out.reserve(rows * block_row_bytes(table.dim(), kFormatVersion) +
+  out.reserve(rows * block_row_bytes(table.dim(), plan.state_floats, kFormatVersion) +
               (plan.pending_start[hi] - plan.pending_start[lo]) * kPendingBytes);
   for (uint32_t p = lo; p < hi; ++p)
-    append_block(table, p, plan.keys.data() + plan.key_start[p],
+    append_block(plan, p, plan.keys.data() + plan.key_start[p],
                  plan.key_start[p + 1] - plan.key_start[p],
                  plan.pending.data() + plan.pending_start[p],
                  plan.pending_start[p + 1] - plan.pending_start[p], cur.get(), out, h);
   return out;
 }
 
-SavePlan plan_save(const ShardTable& table, uint64_t ssd_rows) {
+SavePlan plan_save(const ShardTable& table, uint64_t salt, uint32_t state_floats,
+                   uint64_t ssd_rows) {
   SavePlan plan;
+  plan.table = &table;
+  plan.state_floats = state_floats;
   std::vector<uint64_t> count(kNumPartitions + 1, 0);
-  table.for_each_key([&](int64_t key) { ++count[partition_of(key) + 1]; });
+  table.for_each_key([&](int64_t key) { ++count[partition_of(key, salt) + 1]; });
   plan.key_start.assign(kNumPartitions + 1, 0);
   for (uint32_t p = 0; p < kNumPartitions; ++p)
     plan.key_start[p + 1] = plan.key_start[p] + count[p + 1];
@@ -222,7 +232,7 @@ SavePlan plan_save(const ShardTable& table, uint64_t ssd_rows) {
   // The table is frozen: no row is created meanwhile, but one may be evicted (and listed on
   // SSD later); never write past a partition's count.
   table.for_each_key([&](int64_t key) {
-    const uint32_t p = partition_of(key);
+    const uint32_t p = partition_of(key, salt);
     if (at[p] < plan.key_start[p + 1]) plan.keys[at[p]++] = key;
   });
   for (uint32_t p = 0; p < kNumPartitions; ++p) {  // (only if a row left DRAM in between)
@@ -233,7 +243,7 @@ SavePlan plan_save(const ShardTable& table, uint64_t ssd_rows) {
     for (uint32_t q = p + 1; q < kNumPartitions; ++q) at[q] -= gap;
   }
   table.for_each_pending([&](int64_t key, int64_t c, int64_t last_seen) {
-    plan.pending.push_back(PendingRow{partition_of(key), key, c, last_seen});
+    plan.pending.push_back(PendingRow{partition_of(key, salt), key, c, last_seen});
   });
   std::sort(plan.pending.begin(), plan.pending.end(), [](const PendingRow& a, const PendingRow& b) {
     return a.partition != b.partition ? a.partition < b.partition : a.key < b.key;
@@ -247,45 +257,59 @@ SavePlan plan_save(const ShardTable& table, uint64_t ssd_rows) {
   for (uint32_t p = 0; p < kNumPartitions; ++p)
     weight[p] = dram_rows > 0 ? scale * (plan.key_start[p + 1] - plan.key_start[p])
                               : static_cast<double>(ssd_rows) / kNumPartitions;
-  const double row_bytes = static_cast<double>(block_row_bytes(table.dim(), kFormatVersion));
+  const double row_bytes =
+      static_cast<double>(block_row_bytes(table.dim(), state_floats, kFormatVersion));
   plan.first = plan_pieces(weight, std::max(1.0, kPieceBytes / row_bytes));
   return plan;
 }
 
 }  // namespace
 
-SaveResult save_shard(const ShardTable& table, const ShardTable::Frozen&, const ShardMeta& meta,
+SaveResult save_shard(const std::vector<TableToSave>& tables, const ShardMeta& meta,
                       const std::string& path) {
   const fs::path target(path);
   if (target.has_parent_path()) create_dirs_synced(target.parent_path(), path);
   std::unique_ptr<Fd> f;
   const std::string tmp = open_temp(path, &f);
   FileHeader h;
-  h.fixed.dim = table.dim();
+  h.fixed.format_version = kFormatVersion;
   h.fixed.shard_index = meta.shard_index;
   h.fixed.num_shards = meta.num_shards;
   h.fixed.step = meta.step;
-  h.table = meta.table;
-  h.partition_rows.assign(kNumPartitions, 0);
-  h.partition_pending.assign(kNumPartitions, 0);
-  h.partition_crc.assign(kNumPartitions, 0);
-  const TierStats tiers = table.tier_stats();
-  SavePlan plan = plan_save(table, tiers.rows_ssd);
+  std::vector<SavePlan> plans;
+  // pieces[k] = (table, piece of that table's plan), table by table
+  std::vector<std::pair<size_t, size_t>> pieces;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const TableToSave& ts = tables[t];
+    TableHeader th;
+    th.fixed = ts.spec;
+    th.fixed.salt = table_salt(ts.name);
+    th.name = ts.name;
+    th.partition_rows.assign(kNumPartitions, 0);
+    th.partition_pending.assign(kNumPartitions, 0);
+    th.partition_crc.assign(kNumPartitions, 0);
+    h.tables.push_back(std::move(th));
+    plans.push_back(plan_save(*ts.table, table_salt(ts.name), ts.spec.state_floats,
+                              ts.table->tier_stats().rows_ssd));
+    for (size_t i = 0; i + 1 < plans.back().first.size(); ++i) pieces.emplace_back(t, i);
+  }
   SaveResult res;
   try {
-    DirectWriter out(tmp, header_size(static_cast<uint32_t>(h.table.size())));
+    DirectWriter out(tmp, header_size(h));
     {
       // Workers gather and checksum the next pieces while this thread writes one.
-      OrderedPipeline<Bytes> pieces(plan.first.size() - 1, checkpoint_threads(), kPiecesAhead,
-                                    [&](size_t i) { return build_piece(table, plan, i, h); });
-      for (size_t i = 0; i + 1 < plan.first.size(); ++i) {
-        const Bytes piece = pieces.next();
+      OrderedPipeline<Bytes> pipeline(pieces.size(), checkpoint_threads(), kPiecesAhead,
+                                      [&](size_t k) {
+                                        const auto [t, i] = pieces[k];
+                                        return build_piece(plans[t], i, h.tables[t]);
+                                      });
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const Bytes piece = pipeline.next();
         out.append(piece.data(), piece.size());
       }
     }
     const uint64_t off = out.finish();
     res.bytes = off;
-    for (uint64_t r : h.partition_rows) h.fixed.rows += r;
     const std::string head = encode_header(h);
     pwrite_all(f->get(), head.data(), head.size(), 0, tmp);
     if (::fsync(f->get()) != 0 || f->close() != 0)

@@ -2,6 +2,7 @@
 // directory, and Load's stages (checkpoint.h does the file work).
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint.h"
 #include "service.h"
@@ -31,52 +32,97 @@ Status PsService::checkpoint_path(const std::string& rel, std::string* full) con
   return Status::OK;
 }
 
-// Format 2 files hold one table keyed like the default one, with one state float a row: the
-// shard's only table (checkpoint format 3 holds several).
-Status PsService::checkpoint_table(const std::string& name, ShardTable** out) const {
-  PS_RETURN_IF_ERROR(find_table(name, out));
-  const ShardTableSpec& spec = (*out)->spec();
-  if (tables_.size() != 1 || spec.salt() != 0 || spec.state_floats() != 1)
-    return Status(
-        StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("checkpoint format 2 holds a shard's one table '", std::string(kDefaultTable),
-                     "' with one state float a row; this shard holds ", tables_.size(),
-                     " tables ('", spec.name, "': ", optimizer_name(spec.optimizer), ")"));
-  return Status::OK;
+namespace {
+
+// A table's spec as a version 3 header records it, and back.
+ckpt::TableFixed fixed_of(const ShardTableSpec& s) {
+  ckpt::TableFixed f;
+  f.dim = s.dim;
+  f.optimizer = static_cast<uint32_t>(s.optimizer);
+  f.state_floats = s.state_floats();
+  f.init_scale = s.init_scale;
+  f.eps = s.eps;
+  f.admit_after = s.admit_after;
+  f.expire_after = s.expire_after;
+  f.seed = s.seed;
+  f.num_embeddings = s.num_embeddings;
+  f.salt = s.salt();
+  f.flags = s.flag_declared ? ckpt::kFlagDeclared : 0;
+  return f;
 }
+
+ShardTableSpec spec_of(const ckpt::TableHeader& t) {
+  ShardTableSpec s;
+  s.name = t.name;
+  s.dim = t.fixed.dim;
+  s.optimizer = static_cast<OptimizerKind>(t.fixed.optimizer);
+  s.init_scale = t.fixed.init_scale;
+  s.eps = t.fixed.eps;
+  s.admit_after = t.fixed.admit_after;
+  s.expire_after = t.fixed.expire_after;
+  s.seed = t.fixed.seed;
+  s.num_embeddings = t.fixed.num_embeddings;
+  s.flag_declared = (t.fixed.flags & ckpt::kFlagDeclared) != 0;
+  return s;
+}
+
+// The value of a spec's field (first_difference's names), for messages.
+std::string field_value(const ShardTableSpec& s, const std::string& field) {
+  if (field == "dim") return absl::StrCat(s.dim);
+  if (field == "optimizer") return optimizer_name(s.optimizer);
+  if (field == "init_scale") return absl::StrCat(s.init_scale);
+  if (field == "seed") return absl::StrCat(s.seed);
+  if (field == "num_embeddings") return absl::StrCat(s.num_embeddings);
+  if (field == "admit_after") return absl::StrCat(s.admit_after);
+  if (field == "expire_after") return absl::StrCat(s.expire_after);
+  if (field == "eps") return absl::StrCat(s.eps);
+  return "";
+}
+
+// fn() with every table frozen, taken in the order given (name order, as every update that
+// spans tables takes them), so the file is one snapshot of all of them.
+template <class Fn>
+auto with_frozen(const std::vector<ShardTable*>& tables, size_t i, Fn&& fn) {
+  if (i == tables.size()) return fn();
+  const ShardTable::Frozen frozen = tables[i]->freeze();
+  return with_frozen(tables, i + 1, fn);
+}
+
+}  // namespace
 
 Status PsService::do_save(SaveRequest& r, BB* resp) {
   std::string path;
   PS_RETURN_IF_ERROR(checkpoint_path(r.path(), &path));
-  ShardTable* table = nullptr;
-  PS_RETURN_IF_ERROR(checkpoint_table(r.table(), &table));
-  // From here until the file is written no update lands (pulls are still served), so the
-  // session check below holds for the whole write.
-  const ShardTable::Frozen frozen = table->freeze();
-  if (hooks_ != nullptr) hooks_->reach(TestPoint::kSaveFrozen);  // test-only (test_hooks.h)
-  if (r.check_session()) {
-    const int64_t committed = sessions_.committed(r.session());
-    if (committed != r.session_step())
-      return Status(StatusCode::FAILED_PRECONDITION,
-                    absl::StrCat("session ", r.session(), " has committed step ", committed,
-                                 ", not ", r.session_step(), ": not at the step boundary"));
-  }
-  ckpt::ShardMeta meta{table->spec().name, table->dim(), opts_.shard_index, opts_.num_shards,
-                       r.step()};
-  ckpt::SaveResult res;
-  try {
-    res = ckpt::save_shard(*table, frozen, meta, path);
-  } catch (const ckpt::CheckpointError& e) {
-    return Status(e.code(), e.what());
-  } catch (const std::exception& e) {
-    return Status(StatusCode::INTERNAL, absl::StrCat("checkpoint ", path, ": ", e.what()));
-  }
-  SaveResponse out;
-  out.set_rows(res.rows);
-  out.set_bytes(res.bytes);
-  out.set_checksum(res.checksum);
-  wire::serialize(out, resp);
-  return Status::OK;
+  const std::vector<ShardTable*> tables = tables_.all();  // name order
+  // From here until the file is written no update lands on any table (pulls are still
+  // served), so the session check below holds for the whole write.
+  return with_frozen(tables, 0, [&]() -> Status {
+    if (hooks_ != nullptr) hooks_->reach(TestPoint::kSaveFrozen);  // test-only (test_hooks.h)
+    if (r.check_session()) {
+      const int64_t committed = sessions_.committed(r.session());
+      if (committed != r.session_step())
+        return Status(StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat("session ", r.session(), " has committed step ", committed,
+                                   ", not ", r.session_step(), ": not at the step boundary"));
+    }
+    std::vector<ckpt::TableToSave> to_save;
+    for (ShardTable* t : tables) to_save.push_back({t->spec().name, fixed_of(t->spec()), t});
+    const ckpt::ShardMeta meta{opts_.shard_index, opts_.num_shards, r.step()};
+    ckpt::SaveResult res;
+    try {
+      res = ckpt::save_shard(to_save, meta, path);
+    } catch (const ckpt::CheckpointError& e) {
+      return Status(e.code(), e.what());
+    } catch (const std::exception& e) {
+      return Status(StatusCode::INTERNAL, absl::StrCat("checkpoint ", path, ": ", e.what()));
+    }
+    SaveResponse out;
+    out.set_rows(res.rows);
+    out.set_bytes(res.bytes);
+    out.set_checksum(res.checksum);
+    wire::serialize(out, resp);
+    return Status::OK;
+  });
 }
 
 Status PsService::do_load(LoadRequest& r, BB* resp) {
@@ -87,6 +133,15 @@ Status PsService::do_load(LoadRequest& r, BB* resp) {
   return load_files(r, resp);
 }
 
+namespace {
+
+// Every table of a load adopts its staged rows (cannot fail).
+void adopt_all(ckpt::LoadedRows& rows) {
+  for (ckpt::StagedTable& t : rows.tables) t.table->adopt(*t.staged);
+}
+
+}  // namespace
+
 Status PsService::finish_load(LoadStage stage, BB* resp) {
   std::lock_guard<std::mutex> lock(load_mu_);
   std::unique_ptr<ckpt::LoadedRows> rows = std::move(prepared_);
@@ -96,13 +151,79 @@ Status PsService::finish_load(LoadStage stage, BB* resp) {
     if (sessions_.live_sessions() != 0)
       return Status(StatusCode::FAILED_PRECONDITION,
                     "a commit session is open: load a checkpoint before training starts");
-    tables_.first()->adopt(*rows->staged);  // cannot fail (checkpoint_table: the one table)
+    adopt_all(*rows);
     out.set_rows(rows->n);
     out.set_step(rows->step);
   }
   wire::serialize(out, resp);
   return Status::OK;
 }
+
+// The live table each of the checkpoint's tables loads into, creating (empty, with the file's
+// spec) those the shard lacks, after every table was checked: a version 3 table must be
+// absent or have the identical spec; a version 1 or 2 file's one table must be there, with
+// its dim and one state float a row.
+namespace {
+
+Status load_targets(ShardTables& tables, const ckpt::CheckpointFiles& ck,
+                    std::vector<ShardTable*>* out) {
+  const std::string where = absl::StrCat("checkpoint ", ck.first_path(), ": ");
+  std::vector<ShardTableSpec> missing;
+  for (const ckpt::TableHeader& th : ck.tables()) {
+    ShardTable* live = tables.find(th.name);
+    if (ck.version() < 3) {
+      if (live == nullptr) {
+        std::vector<std::string> names;
+        for (ShardTable* t : tables.all()) names.push_back(absl::StrCat("'", t->spec().name, "'"));
+        return invalid(absl::StrCat(where, "holds table '", th.name, "', this shard serves ",
+                                    names.empty() ? "no table" : absl::StrJoin(names, ", ")));
+      }
+      if (live->dim() != th.fixed.dim)
+        return invalid(absl::StrCat(where, "rows of dim ", th.fixed.dim, ", the table's dim is ",
+                                    live->dim()));
+      if (live->state_floats() != 1)
+        return Status(
+            StatusCode::FAILED_PRECONDITION,
+            absl::StrCat(where, "a format version ", ck.version(),
+                         " file holds one optimizer state float a row; table '", th.name, "' is ",
+                         optimizer_name(live->spec().optimizer), " with ", live->state_floats()));
+      continue;
+    }
+    ShardTableSpec want = spec_of(th);
+    if (live == nullptr) {
+      const std::string bad = spec_error(want);
+      if (!bad.empty())
+        return Status(StatusCode::DATA_LOSS,
+                      absl::StrCat(where, "table '", th.name, "': corrupt spec (", bad, ")"));
+      missing.push_back(std::move(want));
+      continue;
+    }
+    // A table the shard's flags declared serves either one-float optimizer: the file's
+    // optimizer was only its default.
+    const ShardTableSpec& have = live->spec();
+    if (want.flag_declared && have.state_floats() == 1 && want.optimizer != OptimizerKind::kAdagrad)
+      want.optimizer = have.optimizer;
+    const std::string field = first_difference(have, want);
+    if (!field.empty())
+      return Status(
+          StatusCode::FAILED_PRECONDITION,
+          absl::StrCat(where, "table '", th.name, "' has ", field, " ", field_value(want, field),
+                       " in the checkpoint, ", field_value(have, field), " on this shard"));
+  }
+  for (const ShardTableSpec& spec : missing) {
+    bool created = false;
+    try {
+      PS_RETURN_IF_ERROR(tables.create(spec, &created));
+    } catch (const std::exception& e) {
+      return Status(StatusCode::FAILED_PRECONDITION,
+                    absl::StrCat(where, "cannot create table '", spec.name, "': ", e.what()));
+    }
+  }
+  for (const ckpt::TableHeader& th : ck.tables()) out->push_back(tables.find(th.name));
+  return Status::OK;
+}
+
+}  // namespace
 
 Status PsService::load_files(LoadRequest& r, BB* resp) {
   const int n = r.paths_size();
@@ -123,15 +244,19 @@ Status PsService::load_files(LoadRequest& r, BB* resp) {
   if (sessions_.live_sessions() != 0)
     return Status(StatusCode::FAILED_PRECONDITION,
                   "a commit session is open: load a checkpoint before training starts");
-  ShardTable* table = nullptr;
-  PS_RETURN_IF_ERROR(checkpoint_table(r.table(), &table));
   std::lock_guard<std::mutex> lock(load_mu_);  // one load at a time
   prepared_.reset();
   auto rows = std::make_unique<ckpt::LoadedRows>();
   try {
-    *rows = ckpt::load_for_shard(files, table->spec().name, *table, opts_.shard_index,
-                                 opts_.num_shards);
-    if (r.stage() == LoadStage::LOAD) table->adopt(*rows->staged);
+    const ckpt::CheckpointFiles ck(std::move(files), opts_.shard_index, opts_.num_shards);
+    std::vector<ShardTable*> targets;
+    PS_RETURN_IF_ERROR(load_targets(tables_, ck, &targets));
+    rows->step = ck.step();
+    for (size_t t = 0; t < targets.size(); ++t) {
+      rows->tables.push_back(ck.stage(t, *targets[t]));
+      rows->n += rows->tables.back().n;
+    }
+    if (r.stage() == LoadStage::LOAD) adopt_all(*rows);
   } catch (const ckpt::CheckpointError& e) {
     return Status(e.code(), e.what());
   } catch (const std::exception& e) {

@@ -36,6 +36,7 @@ std::unique_ptr<ShardTable::Staged> ShardTable::new_staged(size_t expected_rows,
   if (store_) st->store = std::make_unique<TierStore>(store_dir(), dim_, spec_.salt(), sw_);
   size_t in_dram = expected_rows;
   if (store_ && tiers_.memory_rows > 0) in_dram = std::min<uint64_t>(in_dram, tiers_.memory_rows);
+  if (store_ && tiers_.budget) in_dram = std::min<uint64_t>(in_dram, dram_cap_rows());
   const size_t per = in_dram / stripes_.size();
   for (Slots& s : st->stripes) s.index.reserve(per + per / 16 + 16);
   prefault_blocks(*st, per - per / 32, std::max<size_t>(threads, 1));
