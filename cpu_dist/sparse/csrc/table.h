@@ -364,6 +364,8 @@ class ShardTable {
   friend class MemoryBudget;
   // Every stripe's row cap from the table's share, `rows` (locks each stripe in turn).
   void set_dram_cap(uint64_t rows);
+  // The rows the stripes' caps hold together (what a load fills DRAM with at most).
+  uint64_t dram_cap_rows() const;
   // Evicts every stripe down to its cap (not while frozen): the first SSD failure, if any.
   std::optional<TierError> shrink_to_caps();
   // After an update that created (or dropped) rows: splits the budget again when the row

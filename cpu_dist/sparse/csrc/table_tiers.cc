@@ -367,6 +367,16 @@ void ShardTable::set_dram_cap(uint64_t rows) {
   }
 }
 
+uint64_t ShardTable::dram_cap_rows() const {
+  uint64_t rows = 0;
+  for (const Stripe& st : stripes_) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    rows = st.cap == UINT64_MAX ? UINT64_MAX : rows + st.cap;
+    if (rows == UINT64_MAX) break;
+  }
+  return rows;
+}
+
 std::optional<TierError> ShardTable::shrink_to_caps() {
   if (!store_ || frozen_.load() != 0) return std::nullopt;
   std::optional<TierError> err;
