@@ -7,9 +7,16 @@ function gathers / applies the same rows on a torch table.  Cases: 256 and 4096 
 request, 1 and 4 caller threads.  Then a fresh PS gets 10 million rows via push and its
 resident memory per row is reported relative to the payload (D * 4 bytes).
 
-The last line printed is one JSON object: rows/s per case, ratios (ours / torch rpc) and
-``ps_bytes_per_row``.  Targets: pull_ratio_256 >= 3, pull_ratio_4096 >= 1.5,
-ps_bytes_per_row <= 1.3.
+The multi-table case: a shard holding the 26 tables of ``cpu_dist/examples/criteo_tables.toml``
+(their widths, Criteo Kaggle's cardinalities capped at ``--multi-table-cap`` rows so that the
+tables fit this machine, every row stored) and one table of the same rows; one training step's
+pull of all 26 tables (``Client.pull_tables``, one request per shard) is timed against the same
+number of rows, of the same widths, pulled from the one table (``Client.pull``).
+
+The last line printed is one JSON object: rows/s per case, ratios (ours / torch rpc),
+``ps_bytes_per_row`` and ``multi_table_pull_ratio`` (time of the 26-table pull / time of the
+one-table pull).  Targets: pull_ratio_256 >= 3, pull_ratio_4096 >= 1.5,
+ps_bytes_per_row <= 1.3, multi_table_pull_ratio <= 1.15.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import tomllib
 
 DIM = 64
 TABLE_ROWS = 200_000
 TOKEN = "bench-token"
+TABLES_FILE = Path(__file__).resolve().parent.parent / "cpu_dist/examples/criteo_tables.toml"
 
 
 # ---- torch.distributed.rpc side (functions must be importable by the worker) ------------
@@ -266,6 +275,110 @@ def bench_memory(tmp: Path, rows: int, batch: int = 65536) -> dict:
     }
 
 
+def criteo_tables(cap: int) -> list[tuple[str, int, int]]:
+    """(name, dim, rows) of the example's tables, rows = its num_embeddings capped at `cap`."""
+    with open(TABLES_FILE, "rb") as f:
+        tables = tomllib.load(f)["tables"]
+    return [(t["name"], int(t["dim"]), min(int(t["num_embeddings"]) or cap, cap)) for t in tables]
+
+
+def bench_multi_table(tmp: Path, cap: int, batch: int, seconds: float, rounds: int) -> dict:
+    """One step's pull of 26 tables against the same rows from one table of the same width.
+
+    Both tables' rows are stored (pushed with zero gradients) on one shard; each step draws
+    `batch` ids per table uniformly below the table's rows, and the one-table step pulls the
+    same ids at the tables' offsets in one fused key space (the widths are all DIM, the
+    example's).  Rounds alternate the two, and the median round's steps/s are compared."""
+    from cpu_dist.common.contracts import default_init_scale
+    from cpu_dist.sparse import Client
+
+    tables = criteo_tables(cap)
+    widths = {dim for _, dim, _ in tables}
+    if widths != {DIM}:
+        raise SystemExit(f"{TABLES_FILE}: the one-table comparison needs every dim {DIM}: {widths}")
+    p, addr = start_ps(tmp)
+    try:
+        specs = [
+            {
+                "name": name,
+                "dim": dim,
+                "optimizer": "sgd",
+                "init_scale": default_init_scale(dim),
+                "seed": 0,
+                "num_embeddings": rows,
+                "admit_after": 0,
+                "expire_after": 0,
+                "eps": 0.0,
+            }
+            for name, dim, rows in tables
+        ]
+        admin = Client([addr], TOKEN, DIM, timeout_s=300)
+        admin.create_tables(specs)
+        # Both with the client's default --ps-max-keys-per-rpc.
+        multi = Client(
+            [addr], TOKEN, DIM, tables=[(name, dim) for name, dim, _ in tables], timeout_s=300
+        )
+        one = Client([addr], TOKEN, DIM, timeout_s=300)
+        offsets = np.cumsum([0] + [rows for _, _, rows in tables])
+        chunk = 65536
+        for (name, dim, rows), off in zip(tables, offsets[:-1]):
+            for lo in range(0, rows, chunk):
+                k = np.arange(lo, min(rows, lo + chunk), dtype=np.int64)
+                zeros = np.zeros((k.size, dim), np.float32)
+                multi.push_tables({name: (k, zeros, 1.0)})
+                one.push(k + off, zeros, 1.0)
+        rng = np.random.default_rng(3)
+        steps = []
+        for _ in range(16):
+            ids = [rng.integers(0, rows, batch).astype(np.int64) for _, _, rows in tables]
+            parts = {name: k for (name, _, _), k in zip(tables, ids)}
+            fused = np.concatenate([k + off for k, off in zip(ids, offsets[:-1])])
+            steps.append((parts, fused))
+        rows_per_step = batch * len(tables)
+        out_one = np.empty((rows_per_step, DIM), np.float32)
+
+        def multi_step(i: int) -> None:
+            multi.pull_tables(steps[i % len(steps)][0])
+
+        def one_step(i: int) -> None:
+            one.pull(steps[i % len(steps)][1], out=out_one)
+
+        # Both pull what they should: every table's rows at its width, one table at a time the
+        # same (the tables' rows differ from the one table's: each table salts its first-touch
+        # rows), so a wrong comparison fails loudly.
+        got = multi.pull_tables(steps[0][0])
+        for name, dim, _ in tables:
+            alone = multi.pull_tables({name: steps[0][0][name]})[name]
+            if got[name].shape != (batch, dim) or not np.array_equal(got[name], alone):
+                raise SystemExit(f"multi-table bench: table {name}'s rows are wrong")
+        one_step(0)
+        samples: dict[str, list[float]] = {"multi": [], "one": []}
+        for _ in range(rounds):
+            for name, fn in (("multi", multi_step), ("one", one_step)):
+                samples[name].append(rate(lambda t, f=fn: _stepper(f), 1, seconds, 1))
+        admin.shutdown()
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    multi_rate, one_rate = (float(np.median(samples[k])) for k in ("multi", "one"))
+    return {
+        "multi_table_tables": len(tables),
+        "multi_table_rows": int(offsets[-1]),
+        "multi_table_batch": batch,
+        "multi_table_pull_steps_per_s": multi_rate,
+        "one_table_pull_steps_per_s": one_rate,
+        "multi_table_pull_rows_per_s": multi_rate * rows_per_step,
+        "multi_table_pull_ratio": one_rate / multi_rate,  # time multi / time one
+    }
+
+
+def _stepper(fn):
+    """A loop body for rate(): fn(0), fn(1), ..."""
+    it = iter(range(1 << 62))
+    return lambda: fn(next(it))
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--torch-worker":
         torch_worker_main(int(sys.argv[2]), sys.argv[3])
@@ -280,6 +393,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
     ap.add_argument("--mem-rows", type=int, default=10_000_000)
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument(
+        "--multi-table-cap",
+        type=int,
+        default=40_000,
+        help="rows of each of the 26 tables at most (Criteo Kaggle's cardinalities capped; "
+        "0: skip the multi-table case)",
+    )
+    ap.add_argument("--multi-table-batch", type=int, default=2048, help="ids per table a step")
+    ap.add_argument("--multi-table-rounds", type=int, default=5)
     ap.add_argument(
         "--torch-transport",
         choices=["tcp", "default"],
@@ -318,6 +440,16 @@ def main() -> None:
                         result[f"{kind}_ratio_{n}{suffix}"] = ours / theirs
         if args.mem_rows > 0:
             result.update(bench_memory(tmp, args.mem_rows))
+        if args.multi_table_cap > 0:
+            result.update(
+                bench_multi_table(
+                    tmp,
+                    args.multi_table_cap,
+                    args.multi_table_batch,
+                    args.seconds,
+                    args.multi_table_rounds,
+                )
+            )
     for k, v in result.items():
         if k not in ("dim", "torch_transport"):
             print(

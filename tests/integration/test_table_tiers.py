@@ -22,11 +22,13 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.tokens import read_token_file, write_token_file
 from cpu_dist.data import make_dataset
 from cpu_dist.sparse import Client
 from cpu_dist.testing.shards import standalone_shards
 from cpu_dist.train import reference as reference_module
+from cpu_dist.train.dump import table_keys_name
 from cpu_dist.train.reference import TableRules
 
 from .launch import SMALL, mpirun, small_reference, train
@@ -36,6 +38,7 @@ pytestmark = pytest.mark.timeout(300)
 W, P = 2, 2  # workers, shards
 MEMORY_ROWS = 40  # DRAM rows per shard of the tiered jobs (the table holds ~14,000 rows)
 ADMIT, EXPIRE = 2, 3
+KEYS = table_keys_name(TABLE)  # the default job's one table's keys in --dump-state
 
 
 def summary_of(metrics: Path) -> dict:
@@ -85,7 +88,7 @@ def test_a_small_dram_tier_with_an_ssd_tier_gives_the_bits_of_the_all_dram_job(
     tiered, s = job(tmp, f"tiered-{optimizer}", [*opt, *tier])
     assert_bits_equal(tiered, dram)
     # The tier was used: the rows did not fit in DRAM, went to SSD and were read back.
-    rows = len(dram["sparse_keys"])
+    rows = len(dram[KEYS])
     assert s["ps_rows"] == dram_summary["ps_rows"] == rows
     assert s["ps_rows_dram"] <= P * MEMORY_ROWS, s
     assert s["ps_rows_dram"] + s["ps_rows_ssd"] == rows, s
@@ -93,6 +96,48 @@ def test_a_small_dram_tier_with_an_ssd_tier_gives_the_bits_of_the_all_dram_job(
     assert s["ps_ssd_bytes"] > 0 and s["ps_rows_read_ssd"] > 0, s
     assert "ps_rows_ssd" not in dram_summary  # the all-DRAM job has no tiers to report
     # Working storage: the shards' databases (shard-<i>-<pid>-<random>) go when they stop.
+    assert list(ssd.rglob("*")) == []
+
+
+TABLES_TOML = """
+[[tables]]
+name = "narrow"
+dim = 4
+features = ["cat_0", "cat_1", "cat_2", "cat_3", "cat_4", "cat_5", "cat_6", "cat_7", "cat_8"]
+optimizer = "sgd"
+
+[[tables]]
+name = "mid"
+dim = 16
+features = ["cat_9", "cat_10", "cat_11", "cat_12", "cat_13", "cat_14", "cat_15", "cat_16"]
+optimizer = "rowwise_adagrad"
+
+[[tables]]
+name = "wide"
+dim = 64
+features = ["cat_17", "cat_18", "cat_19", "cat_20", "cat_21", "cat_22", "cat_23", "cat_24",
+            "cat_25"]
+optimizer = "adagrad"
+"""
+MEMORY_BYTES = 20_000  # per shard, over the three tables: a few dozen rows of ~14,000
+
+
+def test_a_tiny_byte_budget_over_three_tables_gives_the_bits_of_the_all_dram_job(runs, tmp_path):
+    tmp, _ = runs
+    config = tmp_path / "tables.toml"
+    config.write_text(TABLES_TOML, encoding="utf-8")
+    flags = ["--config", str(config)]
+    dram, dram_summary = job(tmp, "tables-dram", flags)
+    ssd = tmp_path / "ssd"
+    tier = ["--ps-memory-bytes", str(MEMORY_BYTES), "--ps-ssd-dir", str(ssd)]
+    tiered, s = job(tmp, "tables-tiered", [*flags, *tier])
+    assert_bits_equal(tiered, dram)
+    for name, t in s["tables"].items():  # every table went to SSD and came back
+        rows = len(dram[table_keys_name(name)])
+        assert t["rows"] == dram_summary["tables"][name]["rows"] == rows, name
+        assert t["rows_dram"] + t["rows_ssd"] == rows, (name, t)
+        assert t["rows_ssd"] > 0, (name, t)
+    assert sorted(s["tables"]) == ["mid", "narrow", "wide"]
     assert list(ssd.rglob("*")) == []
 
 
@@ -169,12 +214,12 @@ def test_admission_and_expiry_equal_the_reference(runs, optimizer, admit, expire
     assert_same_model(got, want, rtol=1e-5)
     # The rules did something: rows were kept out or dropped (the reference without rules
     # holds every key of the 20 steps).
-    assert len(want["sparse_keys"]) < len(rules.count)
+    assert len(want[KEYS]) < len(rules.count)
     if expire:
         assert rules.dropped > 0
     if admit:
         assert rules.pending() > 0
-    assert s["ps_rows"] == len(want["sparse_keys"]), s
+    assert s["ps_rows"] == len(want[KEYS]), s
     assert s["ps_rows_admitted"] == rules.new_rows, s
     assert s["ps_rows_expired"] == rules.dropped, s
     assert s["ps_pending_counts"] == rules.pending(), s
@@ -199,7 +244,7 @@ def test_a_resumed_job_keeps_the_rules_state_and_job_steps(runs, tmp_path):
     # in a new commit session whose step 0 is job step 10.
     got, resumed = job(tmp_path, "resumed", [*flags, "--max_step", "20", "--resume", *ckpt])
     assert_bits_equal(got, want)
-    assert resumed["ps_rows"] == len(want["sparse_keys"]), resumed
+    assert resumed["ps_rows"] == len(want[KEYS]), resumed
 
 
 # ---- 4. a DRAM tier too small without an SSD tier ------------------------------------------
