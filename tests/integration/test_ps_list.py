@@ -91,3 +91,32 @@ def test_ps_ranks_listen_on_the_given_addresses(tmp_path):
         proc = mpirun(2, ["--worker-num", "1", "--ps_list", f"127.0.0.1:{busy}", *SMALL])
     assert proc.returncode != 0
     assert f"127.0.0.1:{busy}" in proc.stderr and "rank 1" in proc.stderr
+
+
+def test_ps_ranks_create_the_tables_of_the_example_job_file(tmp_path):
+    """The 26-table Criteo example trains with PS ranks; every table is on the shards with its
+    width, and the summary's tables object adds up to the shards' total rows."""
+    from cpu_dist.common.tables import CATEGORICAL_FEATURES
+    from cpu_dist.train.metrics import read_summary
+
+    from .launch import ROOT, with_flags
+
+    example = ROOT / "cpu_dist" / "examples" / "criteo_tables.toml"
+    flags = with_flags(
+        SMALL, {"--embedding-dim": None, "--arch-mlp-bot": "16-64", "--max_step": "3"}
+    )
+    metrics = tmp_path / "m.jsonl"
+    proc = mpirun(
+        4,
+        [
+            *("--worker-num", "2", "--config", str(example), *flags),
+            *("--metrics-out", str(metrics)),
+        ],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = read_summary(metrics)
+    tables = summary["tables"]
+    assert sorted(tables) == sorted(CATEGORICAL_FEATURES)
+    assert {t["dim"] for t in tables.values()} == {64}
+    assert all(t["rows"] > 0 for t in tables.values())
+    assert sum(t["rows"] for t in tables.values()) == summary["ps_rows"]
