@@ -427,3 +427,80 @@ def test_server_refuses_bad_table_specs():
         Server(4, TOKEN, init_scale=0.1, tables=SPECS)
     with pytest.raises(ValueError, match="listed twice"):
         Server(0, TOKEN, tables=[SPECS[0], SPECS[0]])
+
+
+def test_a_flag_declared_table_matches_the_specs_it_can_serve(cluster_factory, pb):
+    c = cluster_factory(num_shards=1, dim=4, init_scale=0.5, seed=1, memory_rows=100)
+    ch = grpc.insecure_channel(c.addresses[0])
+    stub = pb[1].ParameterServerStub(ch)
+    same = [spec_msg(pb[0], name=b"embedding", optimizer=o) for o in (0, 1)]
+    r = stub.CreateTables(pb[0].CreateTablesRequest(tables=same[1:]), metadata=MD, timeout=30)
+    assert (r.created, r.existing) == (0, 1)  # rowwise_adagrad (or sgd) per request, as before
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.CreateTables(
+            pb[0].CreateTablesRequest(
+                tables=[spec_msg(pb[0], name=b"embedding", optimizer=2, eps=1e-8)]
+            ),
+            metadata=MD,
+            timeout=30,
+        )
+    assert "table 'embedding' exists on this shard with another optimizer" in ei.value.details()
+    assert "declared by the shard's flags" in ei.value.details()
+    # A rows budget counts rows of one width: a second table is refused, naming the byte budget.
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.CreateTables(
+            pb[0].CreateTablesRequest(tables=[spec_msg(pb[0])]), metadata=MD, timeout=30
+        )
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "memory_rows (--ps-memory-rows) counts rows of one width" in ei.value.details()
+    ch.close()
+
+
+def test_expiry_runs_per_table_on_every_job_step(shards):
+    specs = [
+        {
+            "name": "a",
+            "dim": 4,
+            "optimizer": "sgd",
+            "init_scale": 0.5,
+            "seed": 1,
+            "expire_after": 2,
+        },
+        {
+            "name": "b",
+            "dim": 8,
+            "optimizer": "sgd",
+            "init_scale": 0.5,
+            "seed": 1,
+            "expire_after": 2,
+        },
+    ]
+    s = shards(1, specs=specs)
+    lr = {"a": 1.0, "b": 1.0}
+    one = {"a": np.array([1], np.int64), "b": np.array([1], np.int64)}
+    none = {"a": np.array([], np.int64), "b": np.array([], np.int64)}
+    rows = {n: np.ones((len(k), s.specs[n]["dim"]), np.float32) for n, k in one.items()}
+    s.commit(5, 0, 0, 1, {n: (one[n], rows[n]) for n in one}, lr=lr)
+    # Step 1 touches only b: a's row, last updated at step 0, expires at step 2 like b's would.
+    s.commit(
+        5,
+        1,
+        0,
+        1,
+        {"a": (none["a"], np.zeros((0, 4), np.float32)), "b": (one["b"], rows["b"])},
+        lr=lr,
+    )
+    st = s.stubs[0].Stats(s.pb.StatsRequest(), metadata=MD, timeout=30)
+    assert [(t.name, t.rows) for t in st.tables] == [(b"a", 1), (b"b", 1)]
+    s.commit(
+        5,
+        2,
+        0,
+        1,
+        {n: (none[n], np.zeros((0, s.specs[n]["dim"]), np.float32)) for n in none},
+        lr=lr,
+    )
+    st = s.stubs[0].Stats(s.pb.StatsRequest(), metadata=MD, timeout=30)
+    assert [(t.name, t.rows, t.rows_expired) for t in st.tables] == [(b"a", 0, 1), (b"b", 1, 0)]
+    back = s.pull(one)
+    np.testing.assert_array_equal(back["a"], contracts.row_init(1, [1], 4, 0.5, table="a"))
