@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "commit_limits.h"
 #include "grpcpp/support/status.h"
 #include "optimizer.h"
 #include "table.h"
@@ -74,7 +75,7 @@ class CommitSessions {
   // Wire values are capped before anything is allocated for them.
   static constexpr uint32_t kMaxWorldSize = 1u << 16;
   static constexpr uint32_t kMaxChunkCount = 1u << 20;
-  static constexpr uint32_t kMaxAhead = 64;
+  static constexpr uint32_t kMaxAhead = kMaxCommitAhead;
   static constexpr int64_t kMaxStep = int64_t{1} << 62;  // step and base_step, so no sum wraps
 
   CommitSessions(ShardTables& tables, SessionLimits limits) : tables_(tables), limits_(limits) {}

@@ -6,6 +6,10 @@ compression per request; row_steps and row_states per table; errors naming the t
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -355,3 +359,44 @@ def test_client_tables_and_the_one_table_calls(shards):
     first = Client(addresses, TOKEN, tables=PAIRS, timeout_s=20.0)
     assert first.table == "item" and first.dim == 4  # "embedding" is not among them
     assert first.dump()[1].shape == (0, 4)
+
+
+# ---- the client's own extension (issue 24 item 7) ----------------------------------------------
+
+
+def test_the_client_module_imports_without_the_shards_and_links_no_rocksdb():
+    script = textwrap.dedent(
+        """
+        import sys
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "cpu_dist.sparse._ps":
+                    raise ImportError("the shard's module is blocked in this test")
+                return None
+
+        sys.meta_path.insert(0, Block())
+        import cpu_dist.sparse
+        from cpu_dist.sparse import Client, PSError, TablesHandle, client_defaults
+        from cpu_dist.sparse import _ps_client
+        c = Client(["127.0.0.1:1"], "t", tables=[("a", 4)], timeout_s=1.0)
+        assert c.tables == [("a", 4)] and client_defaults()["max_keys_per_rpc"] > 0
+        assert "cpu_dist.sparse._ps" not in sys.modules
+        print(_ps_client.__file__)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=100
+    )
+    assert proc.returncode == 0, proc.stderr
+    client_so = proc.stdout.strip().splitlines()[-1]
+
+    def libraries(path: str) -> str:
+        out = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert not re.search(r"rocksdb|isal", libraries(client_so)), libraries(client_so)
+    # The shard's module does link them (the check above can fail), and re-exports the client.
+    assert re.search(r"rocksdb", libraries(_ps.__file__))
+    assert _ps.Client is Client and _ps.PSError is PSError

@@ -1,4 +1,4 @@
-// cpu_dist.sparse._ps.Client / Handle / PSError / client_defaults.  Every network call
+// cpu_dist.sparse._ps_client.Client / Handle / PSError / client_defaults.  Every network call
 // releases the GIL.  Shaped like ps-lite: an asynchronous call returns a Handle to wait on,
 // and each blocking update is its asynchronous twin followed by Handle.wait().
 #include <pybind11/eval.h>
@@ -14,7 +14,7 @@
 
 #include "bindings.h"
 #include "client.h"
-#include "commit.h"
+#include "commit_limits.h"
 #include "convert.h"
 #include "handle.h"
 
@@ -44,10 +44,9 @@ float check_lr(double lr) {
 }
 
 uint32_t check_max_ahead(uint32_t max_ahead) {
-  if (max_ahead == 0 || max_ahead > ps::CommitSessions::kMaxAhead)
-    throw py::value_error("max_ahead must be in 1.." +
-                          std::to_string(ps::CommitSessions::kMaxAhead) + ", got " +
-                          std::to_string(max_ahead));
+  if (max_ahead == 0 || max_ahead > ps::kMaxCommitAhead)
+    throw py::value_error("max_ahead must be in 1.." + std::to_string(ps::kMaxCommitAhead) +
+                          ", got " + std::to_string(max_ahead));
   return max_ahead;
 }
 
@@ -690,7 +689,7 @@ class PSError(RuntimeError):
       const auto text_or_none = [](const std::string& s) -> py::object {
         return s.empty() ? py::none() : py::object(py::str(s));
       };
-      const py::object type = py::module_::import("cpu_dist.sparse._ps").attr("PSError");
+      const py::object type = py::module_::import("cpu_dist.sparse._ps_client").attr("PSError");
       const py::object shard = e.shard() ? py::object(py::int_(*e.shard())) : py::none();
       const py::object exc =
           type(py::str(e.what()), shard, text_or_none(e.address()), text_or_none(e.code()));

@@ -1,4 +1,4 @@
-// cpu_dist.sparse._ps.encode_rows / decode_rows: the row encodings of codec.h as Python sees
+// cpu_dist.sparse._ps_client.encode_rows / decode_rows: the row encodings of codec.h as Python sees
 // them, for the tests (a numpy twin is held equal to them bit for bit) and for a reference
 // that models what a compressed job's rows and gradients become.
 #include <cstdint>

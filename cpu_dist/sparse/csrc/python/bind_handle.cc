@@ -1,4 +1,4 @@
-// cpu_dist.sparse._ps.Handle (handle.h).
+// cpu_dist.sparse._ps_client.Handle (handle.h).
 #include <cstdlib>
 #include <cstring>
 #include <string>

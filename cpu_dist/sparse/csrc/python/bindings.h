@@ -1,4 +1,5 @@
-// Each half of the sparse extension registers its own classes on the module.
+// Each extension registers its own classes: bind_server on cpu_dist.sparse._ps (module.cc),
+// bind_client (with bind_codec) on cpu_dist.sparse._ps_client (module_client.cc).
 #pragma once
 #include <pybind11/pybind11.h>
 

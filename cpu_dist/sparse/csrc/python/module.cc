@@ -1,4 +1,4 @@
-// cpu_dist.sparse._ps: the parameter server and its client, bound for Python.
+// cpu_dist.sparse._ps: the parameter server bound for Python, and (re-exported) its client.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -35,7 +35,7 @@ py::array in_place_float32(const py::object& obj, const char* name) {
 }  // namespace
 
 PYBIND11_MODULE(_ps, m) {
-  m.doc() = "C++ parameter server (gRPC) and its client";
+  m.doc() = "C++ parameter server (gRPC), and its client re-exported from _ps_client";
   m.attr("NUM_PARTITIONS") = cpu_dist::kNumPartitions;
   m.def(
       "partition_of",
@@ -97,5 +97,9 @@ PYBIND11_MODULE(_ps, m) {
       "In place: rows (and states) as a commit changes them on the parameter server, given "
       "the step's summed gradient rows and its world size as divisor (see row_update.h).");
   cpu_dist::python::bind_server(m);
-  cpu_dist::python::bind_client(m);
+  // The client is its own extension (_ps_client, module_client.cc: no RocksDB, no ISA-L); its
+  // names are this module's too, so `from cpu_dist.sparse._ps import Client` keeps working.
+  const py::dict client = py::module_::import("cpu_dist.sparse._ps_client").attr("__dict__");
+  for (const auto& [name, value] : client)
+    if (py::cast<std::string>(name).rfind("__", 0) != 0) m.attr(name) = value;
 }
