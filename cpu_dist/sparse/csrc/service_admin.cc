@@ -203,12 +203,6 @@ Status PsService::do_create_tables(CreateTablesRequest& r, BB* resp) {
           budget_refusal(opts_.memory_rows, opts_.memory_bytes, !opts_.ssd_dir.empty(), num_tables);
       !why.empty())
     return Status(StatusCode::FAILED_PRECONDITION, absl::StrCat(why, "; no table was created"));
-  size_t fresh = 0;  // tables the request would add
-  for (const ShardTableSpec& spec : specs) fresh += tables_.find(spec.name) == nullptr;
-  if (const std::string why = budget_refusal(opts_.memory_rows, opts_.memory_bytes,
-                                             !opts_.ssd_dir.empty(), tables_.size() + fresh);
-      fresh > 0 && !why.empty())
-    return Status(StatusCode::FAILED_PRECONDITION, absl::StrCat(why, "; no table was created"));
   CreateTablesResponse out;
   for (const ShardTableSpec& spec : specs) {
     bool created = false;
