@@ -28,17 +28,27 @@ from cpu_dist.checkpoint.manifest import (
     steps_done,
 )
 from cpu_dist.common.config import DataConfig
-from cpu_dist.common.contracts import TABLE
 from cpu_dist.serving.bundle import (
     BundleWriter,
     DataSpec,
     ModelSpec,
+    TableInfo,
     check_bundle_output,
     spec_from_dense_state,
 )
 from cpu_dist.sparse import Client, Server
 
 PAGE_BYTES = 48 << 20
+
+
+def table_rows_on_shards(client: Client, name: str) -> int:
+    """Rows of table ``name`` over every shard of the client (Stats' per-table figures; a
+    shard without them, before tables, holds its one table: Health's rows)."""
+    total = 0
+    for stats in client.stats():
+        per_table = {t["name"]: int(t["rows"]) for t in stats.get("tables", [])}
+        total += per_table.get(name, 0) if per_table else int(stats["rows"])
+    return total
 
 
 def export_from_client(
@@ -49,19 +59,32 @@ def export_from_client(
     out: Path,
     flag: str = "--export",
     data: DataSpec | None = None,
+    tables: Sequence[dict[str, Any]] | None = None,
 ) -> int:
-    """Every row the client's shards hold, and ``dense``, as a bundle in ``out``; the rows.
-    ``out`` changes only at the end, from nothing or an earlier bundle to the new bundle."""
-    total = sum(int(h["rows"]) for h in client.health())
-    writer = BundleWriter(out, spec.dim, total, flag)
+    """Every row of every table the client's shards hold, and ``dense``, as a bundle in
+    ``out`` (a folder per table); the rows.  ``tables``: the job's (checkpoint manifest
+    TABLE_FIELDS dicts, job order, recorded in the bundle's manifest); None: the client's
+    tables (``Client.tables``), named with their dims.  ``out``
+    changes only at the end, from nothing or an earlier bundle to the new bundle."""
+    if tables is None:  # the client's tables, with what the spec says of the first
+        tables = [{"name": name, "dim": dim} for name, dim in client.tables]
+        tables[0].update(seed=spec.seed, init_scale=spec.init_scale)
+    infos = [
+        TableInfo(
+            str(t["name"]), int(t["dim"]), table_rows_on_shards(client, str(t["name"])), dict(t)
+        )
+        for t in tables
+    ]
+    writer = BundleWriter(out, infos, flag)
     try:
-        for keys, values, _state in client.dump_pages(max_bytes=PAGE_BYTES):
-            writer.add(keys, values)
+        for t in infos:
+            for keys, values, _state in client.dump_pages(table=t.name, max_bytes=PAGE_BYTES):
+                writer.add(t.name, keys, values)
         writer.finish(spec, dense, steps, data)
     except BaseException:
         writer.abort()
         raise
-    return total
+    return sum(t.rows for t in infos)
 
 
 def data_spec(settings: dict[str, Any]) -> DataSpec:
@@ -126,14 +149,30 @@ def export_checkpoint(
         return _export_loaded(m, Path(tmp), out, timeout_s)
 
 
+def manifest_tables(m: Manifest) -> list[dict[str, Any]]:
+    """The checkpoint's tables (manifest TABLE_FIELDS dicts); a version 1 or 2 checkpoint's
+    one table from its settings."""
+    if m.tables:
+        return [dict(t) for t in m.tables]
+    return [
+        {
+            "name": m.table,
+            "dim": m.dim,
+            "seed": int(m.config["train.seed"]),
+            "init_scale": float(m.config["model.init_scale"]),
+        }
+    ]
+
+
 def _export_loaded(m: Manifest, files: Path, out: Path, timeout_s: float) -> int:
     assert m.path is not None
     settings = m.config
     state = torch.load(m.path / DENSE, map_location="cpu", weights_only=True)
     dense = state["model"]
+    tables = manifest_tables(m)
     spec = spec_from_dense_state(
         dense,
-        dim=m.dim,
+        dim=int(settings.get("model.embedding_dim", m.dim)),
         bot_mlp=tuple(settings["model.bot_mlp"]),
         top_mlp=tuple(settings["model.top_mlp"]),
         dtype=settings["model.dtype"],
@@ -143,24 +182,35 @@ def _export_loaded(m: Manifest, files: Path, out: Path, timeout_s: float) -> int
     )
     data = data_spec(settings)
     token = secrets.token_hex(16)
-    server = Server(
-        m.dim,
-        token,
-        init_scale=spec.init_scale,
-        seed=spec.seed,
-        table=m.table,
-        checkpoint_dir=str(files),
-    )
+    if m.tables:
+        # A shard without tables: the load creates each from the file's spec.
+        server = Server(0, token, checkpoint_dir=str(files))
+    else:  # version 1 or 2: the one table the files name, declared as its job's shards did
+        server = Server(
+            m.dim,
+            token,
+            init_scale=spec.init_scale,
+            seed=spec.seed,
+            table=m.table,
+            checkpoint_dir=str(files),
+        )
     server.start()
     try:
-        client = Client([server.address], token, m.dim, table=TABLE, timeout_s=timeout_s)
+        client = Client(
+            [server.address],
+            token,
+            tables=[(str(t["name"]), int(t["dim"])) for t in tables],
+            timeout_s=timeout_s,
+        )
         client.load(
             shard_load_paths(m),
             [e.bytes for e in m.shards],
             [e.crc32 for e in m.shards],
             timeout_s=timeout_s,
         )
-        rows = export_from_client(client, dense, spec, steps_done(m.step), out, "--output", data)
+        rows = export_from_client(
+            client, dense, spec, steps_done(m.step), out, "--output", data, tables
+        )
         client.close()
     finally:
         server.stop(10.0)

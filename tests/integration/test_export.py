@@ -5,6 +5,7 @@ checkpoint is the same bundle; a damaged bundle is refused naming the file."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -82,16 +83,14 @@ def test_the_checkpoint_exports_the_same_bundle(job):
 
 
 def copy_bundle(bundle: Path, to: Path) -> Path:
-    to.mkdir()
-    for f in bundle.iterdir():
-        (to / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(bundle, to)
     return to
 
 
 def test_a_damaged_bundle_is_refused_naming_the_file(job, tmp_path):
     _, bundle, _, _ = job
     broken = copy_bundle(bundle, tmp_path / "broken")
-    rows = broken / "rows.npy"
+    rows = broken / "tables" / "embedding" / "rows.npy"  # a folder per table
     data = bytearray(rows.read_bytes())
     data[-1] ^= 0xFF
     rows.write_bytes(bytes(data))
@@ -103,7 +102,7 @@ def test_a_damaged_bundle_is_refused_naming_the_file(job, tmp_path):
 def test_an_export_replaces_an_earlier_bundle_whole(job, tmp_path):
     _, bundle, ckpt, _ = job
     again = copy_bundle(bundle, tmp_path / "bundle")
-    (again / "rows.npy").write_bytes(b"stale")  # an earlier bundle, damaged since
+    (again / "tables/embedding/rows.npy").write_bytes(b"stale")  # an earlier bundle, damaged
     proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_array_equal(open_bundle(again).rows, open_bundle(bundle).rows)

@@ -36,7 +36,7 @@ def test_a_table_beyond_one_message_is_dumped_whole(tmp_path):
     proc = mpirun(3, ["--worker-num", "2", *WIDE, "--max_step", "12", "--dump-state", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(out) as z:
-        keys, values = z["sparse_keys"], z["sparse_values"]
+        keys, values = z["table/embedding/keys"], z["table/embedding/values"]
         assert len(keys) > 262_144 and values.shape == (len(keys), 64)
         assert values.nbytes > 64 << 20
         assert np.all(np.diff(keys) > 0) and np.isfinite(values).all()

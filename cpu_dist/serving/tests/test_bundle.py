@@ -9,16 +9,23 @@ import numpy as np
 import pytest
 import torch
 
-from cpu_dist.serving.bundle import BundleError, BundleWriter, DataSpec, ModelSpec, open_bundle
+from cpu_dist.serving.bundle import (
+    BundleError,
+    BundleWriter,
+    DataSpec,
+    ModelSpec,
+    TableInfo,
+    open_bundle,
+)
 
-SPEC = ModelSpec(4, 13, 26, (8, 4), (8, 1), "float32", 0, 0.5, "t")
+SPEC = ModelSpec(4, 13, 26, (8, 4), (8, 1), "float32", 0, 0.5, "embedding")
 DATA = DataSpec("criteo-bin", 5000, None, 1.05, 96)
 
 
 def write(tmp_path, data=DATA):
     out = tmp_path / "b"
-    w = BundleWriter(out, 4, 3)
-    w.add(np.array([5, 1, 3]), np.arange(12, dtype=np.float32).reshape(3, 4))
+    w = BundleWriter(out, [TableInfo("embedding", 4, 3)])
+    w.add("embedding", np.array([5, 1, 3]), np.arange(12, dtype=np.float32).reshape(3, 4))
     w.finish(SPEC, {"w": torch.zeros(2)}, 7, data)
     return out
 
@@ -29,8 +36,23 @@ def test_the_data_settings_travel_with_the_bundle(tmp_path):
     np.testing.assert_array_equal(b.keys, [1, 3, 5])
 
 
+def as_version_2(out) -> None:
+    """Rewrites a bundle as version 2 laid it out: its one table's arrays beside the
+    manifest, no tables list."""
+    m = json.loads((out / "manifest.json").read_text())
+    for name in ("keys.npy", "rows.npy"):
+        (out / "tables/embedding" / name).rename(out / name)
+        m["files"][name] = m["files"].pop(f"tables/embedding/{name}")
+    (out / "tables/embedding").rmdir()
+    (out / "tables").rmdir()
+    del m["tables"]
+    m["version"] = 2
+    (out / "manifest.json").write_text(json.dumps(m))
+
+
 def test_a_version_1_bundle_opens_without_data_settings(tmp_path):
     out = write(tmp_path)
+    as_version_2(out)
     m = json.loads((out / "manifest.json").read_text())
     del m["data"]
     m["version"] = 1
@@ -40,3 +62,44 @@ def test_a_version_1_bundle_opens_without_data_settings(tmp_path):
     (out / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BundleError, match=r"manifest.json: not a cpu_dist-export manifest of "):
         open_bundle(out)
+
+
+def test_a_bundle_has_a_folder_per_table_and_serving_refuses_several(tmp_path):
+    out = tmp_path / "multi"
+    w = BundleWriter(out, [TableInfo("item", 8, 2, {"seed": 3}), TableInfo("user", 2, 1)])
+    w.add("user", np.array([7]), np.ones((1, 2), np.float32))
+    w.add("item", np.array([9, -4]), np.arange(16, dtype=np.float32).reshape(2, 8))
+    w.finish(SPEC, {"w": torch.zeros(2)}, 3, DATA)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.npy")) == [
+        "tables/item/keys.npy",
+        "tables/item/rows.npy",
+        "tables/user/keys.npy",
+        "tables/user/rows.npy",
+    ]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["version"] == 3 and [t["name"] for t in m["tables"]] == ["item", "user"]
+    assert m["tables"][0] == {"name": "item", "dim": 8, "rows": 2, "seed": 3}
+    b = open_bundle(out)
+    np.testing.assert_array_equal(b.tables["item"].keys, [-4, 9])
+    np.testing.assert_array_equal(b.tables["item"].rows[0], np.arange(8, 16))
+    assert b.tables["user"].rows.shape == (1, 2)
+    with pytest.raises(BundleError, match="holds tables 'item', 'user'; serving scores the"):
+        b.only_table()
+    # a damaged table file is named
+    (out / "tables/user/rows.npy").write_bytes(b"x")
+    with pytest.raises(BundleError, match=r"tables/user/rows\.npy: corrupt or truncated"):
+        open_bundle(out)
+
+
+def test_a_version_2_bundle_still_opens(tmp_path):
+    out = write(tmp_path)
+    as_version_2(out)
+    b = open_bundle(out)
+    np.testing.assert_array_equal(b.keys, [1, 3, 5])
+    assert list(b.tables) == ["embedding"] and b.rows.shape == (3, 4)
+
+
+def test_table_names_must_be_plain_folders(tmp_path):
+    for bad in ("../x", "a/b", ".hidden", ""):
+        with pytest.raises(BundleError, match="cannot be a bundle folder"):
+            BundleWriter(tmp_path / "b", [TableInfo(bad, 4, 0)])
