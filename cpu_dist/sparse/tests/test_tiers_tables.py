@@ -5,10 +5,13 @@ growth evicts another's rows, and the budget options a shard cannot serve are re
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from cpu_dist.sparse import Client, PSError, Server
+from cpu_dist.sparse.server import make_server, parse_args
 
 from .conftest import TOKEN, rng_grads
 
@@ -250,3 +253,53 @@ def test_save_and_load_across_shard_counts_under_byte_budgets(shards, tmp_path):
     workload([dram, three, one], names, seed=7, steps=2, session=4)  # training goes on alike
     assert_same_dumps(dram, three, names)
     assert_same_dumps(dram, one, names)
+
+
+def test_pulls_of_every_table_during_commits_keep_the_bits(shards, tmp_path):
+    """Pulls promote rows of one table while another table's update splits the budget and
+    evicts from the first: the rows end as the all-DRAM shard's."""
+    names = list(DIMS)
+    dram = shards(1)
+    tiered = shards(1, memory_bytes=8000, ssd_dir=str(tmp_path / "ssd"))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def pull_loop(seed: int):
+        cl = tiered.client()
+        rng = np.random.default_rng(seed)
+        try:
+            while not stop.is_set():
+                cl.pull_tables({n: rng.integers(-KEYS, KEYS, 150).astype(np.int64) for n in names})
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=pull_loop, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        workload([dram, tiered], names, seed=8, steps=6)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    assert_same_dumps(dram, tiered, names)
+
+
+def test_the_standalone_shard_takes_a_byte_budget(tmp_path):
+    """python -m cpu_dist.sparse.server --ps-memory-bytes B --ps-ssd-dir DIR."""
+    tf = tmp_path / "token"
+    tf.write_text(TOKEN)
+    flags = ["--port", "0", "--dim", "8", "--token-file", str(tf), "--ps-memory-bytes", "3000"]
+    srv = make_server(parse_args([*flags, "--ps-ssd-dir", str(tmp_path / "ssd")]), TOKEN)
+    srv.start()
+    try:
+        cl = Client([srv.address], TOKEN, 8, timeout_s=20.0)
+        k = np.arange(400, dtype=np.int64)
+        cl.push(k, np.ones((400, 8), np.float32), 0.1)
+        st = srv.stats()
+        assert st["rows"] == 400 and 0 < st["rows_dram"] < 400 and st["rows_ssd"] > 0
+    finally:
+        srv.stop(2.0)
+    with pytest.raises(ValueError, match="needs an SSD tier"):
+        make_server(parse_args(flags), TOKEN)
