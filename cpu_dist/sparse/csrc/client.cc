@@ -119,12 +119,13 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
       for (size_t j = 0; j < part.n; ++j)  // 255: no bound the reader may rely on
         seen->steps()[part.idx[j]] = beyond[j] == 255 ? kUnknownStep : committed + beyond[j];
     }
-    if (seen->wants_states()) {
+    if (seen->wants_states()) {  // state_width floats a row (Adagrad: dim)
+      const size_t w = seen->state_width();
       if (!r.read_bytes_header(PullResponse::kRowStatesFieldNumber, &len) ||
-          len != part.n * sizeof(float))
-        return malformed(absl::StrCat(" and ", part.n, " row_states"));
+          len != part.n * w * sizeof(float))
+        return malformed(absl::StrCat(" and ", part.n * w, " row_states floats"));
       for (size_t j = 0; j < part.n; ++j)
-        if (!r.read(seen->states() + part.idx[j], sizeof(float)))
+        if (!r.read(seen->states() + part.idx[j] * w, w * sizeof(float)))
           return malformed(" and row_states (cut short)");
     }
   }
@@ -342,14 +343,16 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   PullPlan plan;
   if ((po.row_steps || po.row_states) && !po.session)
     throw std::invalid_argument("a pull's row_steps and row_states need a session");
-  if (po.session) plan.seen = std::make_shared<PullReport>(n, po.row_steps, po.row_states);
+  // An Adagrad table's rows carry dim state floats (the width asked of the shards once).
+  const uint32_t width = po.row_states ? state_width(*table_index(opts_.table)) : 1;
+  if (po.session) plan.seen = std::make_shared<PullReport>(n, po.row_steps, po.row_states, width);
   head.set_row_steps(po.row_steps);
   head.set_row_states(po.row_states);
   for (const Part& p : split->parts()) {
     Call& c = add_part_call(plan.calls, p, kPull, TrafficKind::kPull, enc);
     c.idempotent = true;
     // the per-row fields cross the wire too: one byte per row_step, a float per row_state
-    c.traffic_bytes += p.n * ((po.row_steps ? 1 : 0) + (po.row_states ? sizeof(float) : 0));
+    c.traffic_bytes += p.n * ((po.row_steps ? 1 : 0) + (po.row_states ? width * sizeof(float) : 0));
     (void)ShardSplit::serialize(p, head, payload, &c.request);  // keys only: cannot fail
     c.on_reply = [split, p, dim, enc, seen = plan.seen, out](Call& call) {
       return decode_reply(call.response, p, dim, enc, seen.get(), out);
@@ -359,7 +362,8 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
     plan.finish = [firsts, dim, out, seen = plan.seen] {
       firsts->copy_duplicates(out, dim);
       if (seen && seen->wants_steps()) firsts->copy_duplicates(seen->steps(), 1);
-      if (seen && seen->wants_states()) firsts->copy_duplicates(seen->states(), 1);
+      if (seen && seen->wants_states())
+        firsts->copy_duplicates(seen->states(), seen->state_width());
     };
   return plan;
 }

@@ -286,6 +286,21 @@ def test_row_steps_and_states_come_per_table(shards):
         )
 
 
+def test_a_one_table_pull_of_an_adagrad_table_gives_its_dim_states(shards):
+    addresses = shards(1)
+    ad = Client(addresses, TOKEN, 8, table="ad", timeout_s=20.0)
+    k = np.array([2, 5], np.int64)
+    g = np.arange(16, dtype=np.float32).reshape(2, 8) / 8
+    ad.commit(9, 0, 0, 1, k, g, 0.1, "adagrad")
+    ad.wait_committed(9, 0, 10.0)
+    pull = np.array([5, 2, 5], np.int64)
+    h = ad.pull_async(pull, session=9, row_states=True)
+    h.wait(10.0)
+    w, st = first_touch("ad", k), fresh_state("ad", 2)
+    model_step("ad", w, st, g, 0.1)
+    np.testing.assert_array_equal(bits(h.row_states()), bits(st[[1, 0, 1]]))
+
+
 # ---- tables on the shards ----------------------------------------------------------------------
 
 

@@ -51,7 +51,10 @@ py::object Handle::row_steps() const {
 py::object Handle::row_states() const {
   auto report = op_->report();
   if (report == nullptr || !report->wants_states()) return py::none();
-  return copy_out(report->states());
+  py::object states = copy_out(report->states());
+  if (report->state_width() != 1)  // element-wise Adagrad: [n, dim]
+    states = states.attr("reshape")(rows_, report->state_width());
+  return states;
 }
 
 py::dict TablesHandle::wait(std::optional<double> timeout_s) {
