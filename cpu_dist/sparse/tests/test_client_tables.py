@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -374,6 +375,26 @@ def test_client_tables_and_the_one_table_calls(shards):
     first = Client(addresses, TOKEN, tables=PAIRS, timeout_s=20.0)
     assert first.table == "item" and first.dim == 4  # "embedding" is not among them
     assert first.dump()[1].shape == (0, 4)
+
+
+def test_multi_table_calls_end_by_the_clients_deadline():
+    """A shard that accepts connections and never answers: each call fails by timeout_s."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        client = Client(
+            [f"127.0.0.1:{silent.getsockname()[1]}"], TOKEN, tables=PAIRS, timeout_s=0.5
+        )
+        empty = {n: (np.zeros(0, np.int64), np.zeros((0, d), np.float32), 0.1) for n, d in PAIRS}
+        for call in (
+            lambda: client.pull_tables({"item": np.arange(3)}),
+            lambda: client.commit_tables(1, 0, 0, 1, empty),
+            lambda: client.push_tables({"item": (np.arange(2), np.ones((2, 4), np.float32), 0.1)}),
+        ):
+            with pytest.raises(PSError) as err:
+                call()
+            assert err.value.code == "DEADLINE_EXCEEDED" and err.value.shard == 0
+        client.close()
 
 
 # ---- the client's own extension (issue 24 item 7) ----------------------------------------------
