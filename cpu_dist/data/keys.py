@@ -124,9 +124,12 @@ CRITEO_VALUE_MASK = np.int64((1 << CRITEO_FEATURE_SHIFT) - 1)
 class _TableLike(Protocol):
     """What :meth:`TableKeySplit.for_tables` reads of a table (``common.tables.TableConfig``)."""
 
-    name: str
-    features: tuple[str, ...]
-    num_embeddings: int
+    @property
+    def name(self) -> str: ...
+    @property
+    def features(self) -> tuple[str, ...]: ...
+    @property
+    def num_embeddings(self) -> int: ...
 
 
 class TableKeySplit:

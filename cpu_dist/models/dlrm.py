@@ -28,7 +28,7 @@ projection and the parameters (and their seeded init) are today's.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -97,9 +97,13 @@ class DLRM(nn.Module):
         return torch.cat([bottom, gram[:, self._triu[0], self._triu[1]]], dim=1)
 
     def forward(
-        self, dense: torch.Tensor, keys: torch.Tensor, rows: torch.Tensor | None = None
+        self,
+        dense: torch.Tensor,
+        keys: torch.Tensor | Mapping[str, torch.Tensor],
+        rows: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits ``[B]``. ``rows`` (pre-pulled rows of the unique keys) go to the embedding."""
+        """Logits ``[B]``. ``keys`` and ``rows`` (pre-pulled rows of the unique keys) are the
+        embedding's: fused keys, or per table (``TableEmbedding``)."""
         first: nn.Linear = self.bot[0]  # type: ignore[assignment]
         dtype = first.weight.dtype
         bottom = self.bot(torch.as_tensor(dense).to(dtype))

@@ -6,6 +6,9 @@
                 is then sent by one designated worker (every worker still sends its markers),
                 and the shard divides by W as before.
 
+A job of several tables reduces all of them at once (``reduce_tables``): one id exchange and
+one all-reduce for every table of the step, not one per table.
+
 Both give the PS the step's summed gradients once per row; ``collective`` adds them in the
 order MPI's all-reduce chooses, not rank order, so the two agree to rounding (the equivalence
 tests hold them to rtol 1e-5), and each is bit for bit reproducible on its own.
@@ -13,6 +16,7 @@ tests hold them to rtol 1e-5), and each is bit for bit reproducible on its own.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,10 +49,39 @@ class Aggregation(Protocol):
         already knows it (then no id exchange happens); every worker passes one, or none."""
         ...
 
+    def reduce_tables(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TableOutgoing:
+        """:meth:`reduce` of every table of a step (``{table: (keys, grads)}``, the same
+        tables in the same order on every worker), with one exchange for all of them."""
+        ...
+
+
+# What a step hands over per table (a job's tables in their order).
+TableOutgoing = dict[str, Outgoing]
+
 
 def key_union(comm: MPI.Intracomm, keys: np.ndarray) -> np.ndarray:
     """The sorted union of every worker's keys (the step's id metadata exchange)."""
     return np.unique(allgather_keys(comm, keys))
+
+
+def key_unions(comm: MPI.Intracomm, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per table, the sorted union of every worker's keys: one exchange for all tables (the
+    workers' keys concatenated in table order, then cut back by every worker's counts)."""
+    names = list(parts)
+    counts = np.array([len(parts[n]) for n in names], dtype=np.int64)
+    every = np.asarray(comm.allgather(counts), dtype=np.int64).reshape(-1, len(names))
+    flat = allgather_keys(comm, np.concatenate([np.asarray(parts[n], np.int64) for n in names]))
+    # worker w's block is its keys of table 0, then of table 1, ...: table t's share of it
+    # starts at the block's start plus its counts of the tables before t
+    starts = np.concatenate([[0], np.cumsum(every.sum(axis=1))[:-1]])
+    inner = np.concatenate([np.zeros((len(every), 1), np.int64), np.cumsum(every, axis=1)], 1)
+    out = {}
+    for t, name in enumerate(names):
+        pieces = [
+            flat[starts[w] + inner[w, t] : starts[w] + inner[w, t + 1]] for w in range(len(every))
+        ]
+        out[name] = np.unique(np.concatenate(pieces))
+    return out
 
 
 class PsAggregation:
@@ -64,6 +97,14 @@ class PsAggregation:
         if union is None and self.exchange_ids:
             union = key_union(self.comm, keys)
         return Outgoing(keys, grads, union, None)
+
+    def reduce_tables(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TableOutgoing:
+        unions = (
+            key_unions(self.comm, {n: k for n, (k, _) in parts.items()})
+            if self.exchange_ids
+            else dict.fromkeys(parts)
+        )
+        return {n: Outgoing(k, g, unions[n], None) for n, (k, g) in parts.items()}
 
 
 class CollectiveAggregation:
@@ -87,6 +128,33 @@ class CollectiveAggregation:
         # The designated sender of a row: a function of the key every worker computes alike.
         mine = (union % self.world) == self.rank
         return Outgoing(union[mine], summed[mine], union, summed)
+
+    def reduce_tables(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TableOutgoing:
+        """Every table's union in one exchange, every table's gradients in one all-reduce (a
+        flat float32 buffer, table after table, each ``[union, dim]`` row-major)."""
+        unions = key_unions(self.comm, {n: k for n, (k, _) in parts.items()})
+        sizes = {n: len(unions[n]) * g.shape[1] for n, (_, g) in parts.items()}
+        flat = np.zeros(sum(sizes.values()), dtype=np.float32)
+        views: dict[str, np.ndarray] = {}
+        at = 0
+        for name, (keys, grads) in parts.items():
+            union = unions[name]
+            view = flat[at : at + sizes[name]].reshape(len(union), grads.shape[1])
+            at += sizes[name]
+            idx, found = find_sorted(union, keys)
+            if not found.all():
+                raise ValueError(
+                    f"rank {self.rank}: table {name!r}: the step's key union does not hold "
+                    "every key of this worker"
+                )
+            view[idx] = grads
+            views[name] = view
+        self.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        out = {}
+        for name, union in unions.items():
+            mine = (union % self.world) == self.rank
+            out[name] = Outgoing(union[mine], views[name][mine], union, views[name])
+        return out
 
 
 def make_aggregation(kind: str, comm: MPI.Intracomm, exchange_ids: bool = False) -> Aggregation:

@@ -9,6 +9,8 @@ of ``csrc/optimizer.h``) gives the row the shard will hold once those commits ar
 bit for bit.  So ``--sparse-sync async`` reads never wait on the link for the last step's
 commit, yet see every step before theirs (staleness 0).
 
+A job of several tables keeps one of these per table (its lr, optimizer and eps).
+
 Only without table rules: admission and expiry decide at the shard whether a commit touches a
 row, which the worker cannot know in advance.
 """
@@ -42,10 +44,12 @@ class RecentCommits:
         optimizer: str,
         world: int,
         compression: Literal["none", "fp16", "int8"] = "none",
+        eps: float = 1e-8,
     ) -> None:
+        """``eps``: Adagrad's (a table's spec; the other optimizers' is the shard's own)."""
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
-        self.lr, self.optimizer, self.world = lr, optimizer, world
+        self.lr, self.optimizer, self.world, self.eps = lr, optimizer, world, eps
         self.compression, self.depth = compression, depth
         self._steps: deque[_Step] = deque(maxlen=depth)
 
@@ -92,7 +96,12 @@ class RecentCommits:
                 continue
             sub = np.ascontiguousarray(rows[pick])
             st = None if states is None else np.ascontiguousarray(states[pick])
-            _ps.apply_rows(sub, s.sums[at[pick]], self.lr, self.optimizer, self.world, st)
+            if self.optimizer == "adagrad":  # element-wise state [u, dim] and the table's eps
+                _ps.apply_rows(
+                    sub, s.sums[at[pick]], self.lr, self.optimizer, self.world, st, eps=self.eps
+                )
+            else:
+                _ps.apply_rows(sub, s.sums[at[pick]], self.lr, self.optimizer, self.world, st)
             rows[pick] = sub
             if states is not None:
                 states[pick] = st

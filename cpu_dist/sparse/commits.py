@@ -15,6 +15,11 @@ Three small parts, each one job:
   coherent itself, so the hand-off may overlap the dense phase).  Every method that reads the
   protocol's state first drains that thread.
 
+A job of several tables hands every table of a step over at once (``submit_tables``): its
+chunks cover all of them (``Client.commit_tables_async``), so a shard applies the step to all
+its tables together or not at all.  Each table's learning rate travels with its part; its
+optimizer is its spec's, on the shard.
+
 Either way step t+1 reads rows that hold every worker's step-t update: the synchronous
 contract.  All waits are bounded: acknowledgements by ``--rpc-timeout``, commits (which need
 every worker's chunks) by ``--barrier-timeout``.
@@ -24,14 +29,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from cpu_dist.sparse import Client, Handle
-from cpu_dist.sparse.aggregation import Aggregation, Outgoing
+from cpu_dist.sparse.aggregation import Aggregation, Outgoing, TableOutgoing
+
+# A step's sparse gradients per table: {table: (sorted unique keys, float32 grads [u, dim])}.
+TableGrads = Mapping[str, tuple[np.ndarray, np.ndarray]]
 
 
 class WaitClock:
@@ -59,9 +67,13 @@ class CommitSession:
         lr: float,
         optimizer: str,
         barrier_timeout_s: float,
+        table_lrs: Mapping[str, float] | None = None,
     ) -> None:
+        """``table_lrs``: a job of named tables, each table's learning rate (``lr`` and
+        ``optimizer`` are then the one-table form's, unused by :meth:`send_tables`)."""
         self.client, self.id, self.rank, self.world = client, session_id, rank, world
         self.lr, self.optimizer, self.barrier_timeout_s = lr, optimizer, barrier_timeout_s
+        self.table_lrs = dict(table_lrs or {})
         self.base = 0  # the job step that is the session's step 0 (a resumed job's first)
         self.waits = WaitClock()
         self._lock = threading.Lock()
@@ -99,6 +111,22 @@ class CommitSession:
             base_step=self.base,  # admission and expiry count job steps
         )
 
+    def send_tables(self, step: int, parts: TableGrads, max_ahead: int = 1) -> Handle:
+        """:meth:`send` of every table of ``step`` in one set of chunks (tables with no rows
+        are named too, so every shard knows the step covers them)."""
+        request: dict[str, Any] = {
+            name: (keys, grads, self.table_lrs[name]) for name, (keys, grads) in parts.items()
+        }
+        return self.client.commit_tables_async(
+            self.id,
+            step - self.base,
+            self.rank,
+            self.world,
+            request,
+            max_ahead=max_ahead,
+            base_step=self.base,
+        )
+
     def wait_applied(self, step: int, refresh: bool = False) -> None:
         """Block until ``step`` is applied on every shard (at most ``--barrier-timeout``).
         ``refresh``: ask the shards even when ``step`` is known to be applied, to learn how
@@ -121,6 +149,8 @@ class CommitSession:
 class Handoff(Protocol):
     def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None: ...
 
+    def send_tables(self, step: int, parts: TableGrads) -> None: ...
+
     def collect(self, step: int) -> None:
         """Wait for the acknowledgements of a hand-off of ``step`` or earlier still in flight
         (they carry its errors)."""
@@ -137,13 +167,24 @@ class PipelinedHandoff:
         self._pending: tuple[int, Handle] | None = None
 
     def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        self._send(
+            step, lambda max_ahead: self.session.send(step, keys, grads, max_ahead=max_ahead)
+        )
+
+    def send_tables(self, step: int, parts: TableGrads) -> None:
+        self._send(
+            step, lambda max_ahead: self.session.send_tables(step, parts, max_ahead=max_ahead)
+        )
+
+    def _send(self, step: int, start: Callable[[int], Handle]) -> None:
+        """``start(max_ahead)`` sends step ``step``'s chunks (one table or all of them)."""
         self.collect(step - 1)  # each hand-off waits for its predecessor's acks
         # ...and for commit t-1-K: a shard holds at most K+1 steps beyond its committed one
         # and refuses the rest, and a worker whose reads waited for no commit (cache hits)
         # could otherwise overtake another worker's late chunk.  Its reads already waited for
         # that commit (or its rows did not depend on it), so this almost never blocks.
         self.session.wait_applied(step - 1 - self.staleness)
-        handle = self.session.send(step, keys, grads, max_ahead=self.staleness + 1)
+        handle = start(self.staleness + 1)
         with self._lock:
             self._pending = (step, handle)
 
@@ -168,8 +209,8 @@ class PipelinedHandoff:
 class BarrierHandoff(PipelinedHandoff):
     """Every step waits for its own commit before the worker goes on."""
 
-    def send(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        super().send(step, keys, grads)
+    def _send(self, step: int, start: Callable[[int], Handle]) -> None:
+        super()._send(step, start)
         self.collect(step)
         self.session.wait_applied(step)
 
@@ -253,6 +294,28 @@ class SparseCommitter:
         self.handoff.send(step, out.keys, out.grads)
         if then is not None:
             then(out)
+
+    def submit_tables(self, step: int, parts: TableGrads) -> TableOutgoing:
+        """:meth:`submit` of every table of a job's step at once (``{table: (keys, grads)}``,
+        the job's tables in their order): one aggregation and one set of chunks for all.  A
+        session of the one-table form (the default job) submits its one table as today."""
+        if not self.session.table_lrs:
+            ((name, (keys, grads)),) = parts.items()
+            return {name: self.submit(step, keys, grads)}
+        self.drain()
+        t0 = time.perf_counter()
+        out = self.aggregation.reduce_tables(parts)
+        self.exchange_s += time.perf_counter() - t0
+        self.written = None  # (per table; no reader of several tables asks for it yet)
+        if self._pool is None:
+            self._hand_off_tables(step, out)
+        else:
+            self._tail = self._pool.submit(self._hand_off_tables, step, out)
+        return out
+
+    def _hand_off_tables(self, step: int, out: TableOutgoing) -> None:
+        self.rows_sent += sum(len(o.keys) for o in out.values())
+        self.handoff.send_tables(step, {n: (o.keys, o.grads) for n, o in out.items()})
 
     def drain(self) -> None:
         """Wait for the background hand-off of the last step (a no-op otherwise).  What it

@@ -6,16 +6,22 @@
    (:func:`pull_when_applied`: the commit-dependency wait).
 
 The uncached early pull and the cache stage's demand reads and staging all go through these.
+
+:class:`TableReads` is the client's pulls over a job's tables in one shape (dicts per table),
+whichever wire form they take: the default job's one table the one-table requests, a job of
+several tables ``Client.pull_tables`` (one request per shard per max-keys for all tables).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from cpu_dist.common.sorted_keys import find_sorted
-from cpu_dist.sparse import Client
+from cpu_dist.sparse import Client, Handle
 
 
 class AppliedWaiter(Protocol):
@@ -68,3 +74,71 @@ class EarlyPull:
     def discard(self, timeout_s: float) -> None:
         """Let the early pull end without using it (its step never ran)."""
         self._early.wait(timeout_s)
+
+
+class TablesPull(Protocol):
+    """A pull of several tables on its way (``_ps.TablesHandle``, or :class:`_OnePull`)."""
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, np.ndarray]: ...
+
+    def row_steps(self) -> dict[str, np.ndarray] | None: ...
+
+    def row_states(self) -> dict[str, np.ndarray] | None: ...
+
+
+class _OnePull:
+    """A one-table pull (``_ps.Handle``) in the shape of a tables pull."""
+
+    def __init__(self, name: str, handle: Handle) -> None:
+        self.name, self.handle = name, handle
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        return {self.name: self.handle.wait(timeout_s)}
+
+    def row_steps(self) -> dict[str, np.ndarray] | None:
+        steps = self.handle.row_steps()
+        return None if steps is None else {self.name: steps}
+
+    def row_states(self) -> dict[str, np.ndarray] | None:
+        states = self.handle.row_states()
+        return None if states is None else {self.name: states}
+
+
+class TableReads:
+    """Pulls of a job's tables (``names``, in the job's order) as dicts per table.
+    ``one_table``: the client's one table (a job without a job file): its one-table
+    requests, today's wire form."""
+
+    def __init__(self, client: Client, names: Sequence[str], one_table: bool) -> None:
+        if one_table and len(names) != 1:
+            raise ValueError(f"one_table reads need one table, got {list(names)}")
+        self.client, self.names, self.one_table = client, tuple(names), one_table
+
+    def pull_async(
+        self,
+        parts: Mapping[str, np.ndarray],
+        *,
+        session: int | None = None,
+        row_steps: bool = False,
+        row_states: bool = False,
+    ) -> TablesPull:
+        """Rows of ``parts`` (every table named, or only those with keys)."""
+        if self.one_table:
+            (name,) = self.names
+            keys = parts.get(name, np.zeros(0, dtype=np.int64))
+            handle = self.client.pull_async(
+                keys, session=session, row_steps=row_steps, row_states=row_states
+            )
+            return _OnePull(name, handle)
+        request: dict[str, npt.ArrayLike] = dict(parts)
+        return self.client.pull_tables_async(
+            request, session=session, row_steps=row_steps, row_states=row_states
+        )
+
+    def pull(self, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows of every table of ``parts``, at once."""
+        if self.one_table:
+            (name,) = self.names
+            return {name: self.client.pull(parts[name])}
+        request: dict[str, npt.ArrayLike] = dict(parts)
+        return self.client.pull_tables(request)

@@ -4,15 +4,16 @@ log loss over all of them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from cpu_dist.data import Batch
+from cpu_dist.data.keys import TableKeySplit
 from cpu_dist.models.dlrm import DLRM
-from cpu_dist.models.embedding import ShardedEmbedding
+from cpu_dist.models.embedding import TableEmbedding
 from cpu_dist.models.scoring import evaluate
 
 
@@ -26,19 +27,21 @@ def share(batch: Batch, rank: int, world: int) -> Batch:
 
 def evaluate_model(
     model: DLRM,
-    embedding: ShardedEmbedding,
+    embedding: TableEmbedding,
     batches: Iterable[Batch],
     comm: MPI.Intracomm,
     *,
     dtype: torch.dtype,
-    read_rows: Callable[[np.ndarray], np.ndarray],
+    split: TableKeySplit,
+    read_rows: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
     prefix: str = "eval",
 ) -> dict[str, float]:
     """``{"<prefix>_auc", "<prefix>_logloss", "<prefix>_samples"}`` on worker 0 (empty
     elsewhere, and when there were no batches).  Every worker walks the same global
     ``batches`` (of any size: ``share`` cuts each).  The caller makes sure every commit it
-    means to evaluate is applied first; ``read_rows`` reads float32 rows as the PS holds them
-    (never through a lossy wire encoding)."""
+    means to evaluate is applied first; ``read_rows`` reads float32 rows of every table's keys
+    (``{table: unique keys}``) as the PS holds them (never through a lossy wire encoding);
+    ``split`` makes each table's keys from a batch's fused keys."""
     rank, world = comm.Get_rank(), comm.Get_size()
     scores, labels = [], []
     model.eval()
@@ -47,9 +50,9 @@ def evaluate_model(
             part = share(batch, rank, world)
             if not len(part):
                 continue
-            keys = torch.from_numpy(part.keys)
-            unique = embedding.unique_keys(keys)
-            rows = torch.from_numpy(read_rows(unique))
+            keys = {n: torch.from_numpy(k) for n, k in split(part.keys).items()}
+            pulled = read_rows(embedding.unique_keys(keys))
+            rows = {n: torch.from_numpy(np.asarray(r)) for n, r in pulled.items()}
             logits = model(torch.from_numpy(part.dense).to(dtype), keys, rows=rows)
             scores.append(logits.double().numpy())
             labels.append(part.labels.astype(np.float64))

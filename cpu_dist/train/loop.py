@@ -1,6 +1,7 @@
 """The worker's training loop: the synchronous contract of docs/DESIGN.md.
 
-Per step: this worker's slice of the global batch -> its unique keys -> the step pipeline reads
+Per step: this worker's slice of the global batch -> each table's keys (``TableKeySplit``; the
+default job's one fused table keeps the fused keys) -> their unique keys -> the step pipeline reads
 their rows (``pipelines.py``: it waits for whatever commit the rows depend on) -> forward and
 backward -> the pipeline hands the unique rows' gradients to the PS -> all-reduce and apply the
 dense gradients.  Step t+1 therefore reads rows that hold every worker's step-t update, and the
@@ -24,15 +25,17 @@ from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.common.timing import PhaseTimer
-from cpu_dist.data import WorkerBatches, dataset_for, eval_batches
+from cpu_dist.data import Dataset, WorkerBatches, dataset_for, eval_batches
+from cpu_dist.data.keys import TableKeySplit
 from cpu_dist.data.run_length import run_length
 from cpu_dist.dense.allreduce import broadcast_parameters
 from cpu_dist.dense.sync import make_dense_sync
 from cpu_dist.export import data_spec, export_from_client
 from cpu_dist.models.dlrm import build_dlrm
-from cpu_dist.models.embedding import ShardedEmbedding
+from cpu_dist.models.embedding import ShardedEmbedding, TableEmbedding
 from cpu_dist.serving.bundle import ModelSpec
 from cpu_dist.sparse import Client
+from cpu_dist.sparse.reads import TableReads
 from cpu_dist.train import metrics
 from cpu_dist.train.dump import model_arrays, write_dump
 from cpu_dist.train.errors import NonFiniteLoss
@@ -44,10 +47,23 @@ from cpu_dist.train.pipelines import make_committer, make_pipeline
 # comes first, and a waiting worker leaves its core to the others instead of spinning in MPI.
 STRAGGLER_POLL_S = 1e-4
 
-# (keys [B/W, F], their plan: (sorted unique keys, inverse), dense features, labels) of this
-# worker's slice.  The plan goes to the embedding only when its step runs, so the next step's
-# batch may be taken early (a pipeline that pulls during the whole step).
-Prepared = tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], torch.Tensor, torch.Tensor]
+# Per table: (keys [B/W, features of the table], their plan: (sorted unique keys, inverse)),
+# then the dense features and labels of this worker's slice.  The plan goes to the embedding
+# only when its step runs, so the next step's batch may be taken early (a pipeline that pulls
+# during the whole step).
+Plans = dict[str, tuple[np.ndarray, np.ndarray]]
+Prepared = tuple[dict[str, torch.Tensor], Plans, torch.Tensor, torch.Tensor]
+
+
+def key_split(cfg: Config, dataset: Dataset) -> TableKeySplit:
+    """How this job's batches become each table's keys: the default job's one fused table
+    keeps the fused keys; a job file's tables take their features' ids."""
+    if cfg.tables.fused:
+        return TableKeySplit({TABLE: range(dataset.num_sparse)}, fused=True)
+    offsets = getattr(dataset, "offsets", None) if dataset.kind == "synthetic" else None
+    return TableKeySplit.for_tables(
+        cfg.tables.tables, cfg.tables.data_features, offsets, fused=False
+    )
 
 
 def make_client(
@@ -58,11 +74,14 @@ def make_client(
 ) -> Client:
     """The job's client of the shards; ``compression`` overrides ``--ps-compression``."""
     c = cfg.client
+    # A job file's tables: the client moves each (name, dim); else today's one fused table.
+    tables = {} if cfg.tables.fused else {"tables": [(t.name, t.dim) for t in cfg.tables.tables]}
     return Client(
         addresses,
         token,
-        cfg.model.embedding_dim,
+        cfg.model.embedding_dim if not tables else 0,
         table=TABLE,
+        **tables,
         max_keys_per_rpc=c.max_keys_per_rpc,
         channels_per_shard=c.channels,
         timeout_s=c.rpc_timeout_s,
@@ -83,22 +102,28 @@ class Worker:
         # Evaluation reads float32 rows on a client of its own, so that the bytes metrics
         # are the training's traffic alone (what --ps-compression changes).
         self.eval_client = make_client(cfg, token, addresses, compression="none")
+        self.eval_reads = TableReads(self.eval_client, cfg.tables.names, cfg.tables.fused)
         self.dataset = dataset_for(cfg.data, cfg.train.seed)
         # The step count, decided once against the data; everything below sees it as max_step.
         self.length = run_length(cfg.train, cfg.data, self.dataset)
         cfg = self.cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, max_step=self.length.steps)
         )
-        self.embedding = ShardedEmbedding(self.client, cfg.model.embedding_dim)
+        self.split = split = key_split(cfg, self.dataset)
+        self.embedding = TableEmbedding(
+            [(t.name, t.dim, split.columns[t.name].tolist()) for t in cfg.tables.tables],
+            self.dataset.num_sparse,
+        )
         self.model = build_dlrm(
             self.embedding,
             num_dense=self.dataset.num_dense,
             num_sparse=self.dataset.num_sparse,
-            dim=cfg.model.embedding_dim,
+            dim=cfg.model.embedding_dim,  # a job file's shared width, else projected to it
             bot_mlp=cfg.model.bot_mlp,
             top_mlp=cfg.model.top_mlp,
             seed=cfg.train.seed,
             dtype=self.dtype,
+            feature_dims=self.embedding.feature_dims,
         )
         broadcast_parameters(self.model, self.comm)
         self.dense = make_dense_sync(
@@ -133,8 +158,13 @@ class Worker:
             self.world,
             stop_step=cfg.train.max_step,
             hold=True,  # no batch is made during this thread's data phase (see release below)
-            prepare=lambda batch: ShardedEmbedding.plan_keys(batch.keys),
+            prepare=self._plan,
         )
+
+    def _plan(self, batch) -> tuple[dict[str, np.ndarray], Plans]:
+        """Each table's keys of a batch and their plans (on the loader's thread)."""
+        parts = self.split(batch.keys)
+        return parts, {n: ShardedEmbedding.plan_keys(k) for n, k in parts.items()}
 
     def _next_batch(self) -> Prepared | None:
         """This worker's slice of the next global batch, or None when the data ends (every
@@ -144,10 +174,10 @@ class Worker:
             self._batches.close()
             return None
         batch = item[1]  # already this worker's rows [r*B/W, (r+1)*B/W)
-        keys = torch.from_numpy(batch.keys)
+        parts, plans = self._batches.prepared
         prepared = (
-            keys,
-            self._batches.prepared,
+            {n: torch.from_numpy(k) for n, k in parts.items()},
+            plans,
             torch.from_numpy(batch.dense).to(self.dtype),
             torch.from_numpy(batch.labels).to(self.dtype),
         )
@@ -182,7 +212,9 @@ class Worker:
             self.pipeline.submit(step, *self.embedding.sparse_grads())
         return loss, ahead
 
-    def _non_finite(self, step: int, loss: float, rows: torch.Tensor, inputs: torch.Tensor) -> str:
+    def _non_finite(
+        self, step: int, loss: float, rows: dict[str, torch.Tensor], inputs: torch.Tensor
+    ) -> str:
         """Why step ``step``'s loss is not finite, naming the dense side and the sparse side:
         dense parameters that are not finite, else the largest one (finite parameters can
         still overflow the forward pass), and whether the batch's rows and inputs are."""
@@ -190,7 +222,8 @@ class Worker:
         named = list(self.model.dense_named_parameters())
         bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
         head = f"step {step} on worker {self.rank}: the loss is not finite ({loss})"
-        rows_ok, inputs_ok = bool(torch.isfinite(rows).all()), bool(torch.isfinite(inputs).all())
+        rows_ok = all(bool(torch.isfinite(r).all()) for r in rows.values())
+        inputs_ok = bool(torch.isfinite(inputs).all())
         if bad:
             shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
             dense = f"dense parameters {shown} are not finite"
@@ -202,7 +235,8 @@ class Worker:
             )
         sparse = "the batch's embedding rows are " + ("finite" if rows_ok else "NOT finite")
         if rows_ok:
-            sparse += f" (max |row| {float(rows.abs().max()):.3g})"
+            largest = max((float(r.abs().max()) for r in rows.values() if r.numel()), default=0.0)
+            sparse += f" (max |row| {largest:.3g})"
         data = "" if inputs_ok else "; the batch's dense inputs are not finite"
         return (
             f"{head}: {dense} after --dense-optimizer {t.dense_optimizer} updates at --lr "
@@ -215,7 +249,7 @@ class Worker:
         with self.timer("data"):
             ahead = self._next_batch()
         if ahead is not None:
-            self.pipeline.prefetch(step + 1, ahead[1][0])
+            self.pipeline.prefetch(step + 1, {n: p[0] for n, p in ahead[1].items()})
         return ahead
 
     def _dense_step(self) -> None:
@@ -342,13 +376,29 @@ class Worker:
             batches,
             self.comm,
             dtype=self.dtype,
-            read_rows=self.eval_client.pull,
+            split=self.split,
+            read_rows=self._eval_rows,
             prefix=split,
         )
         if result:
             self.log.write({"step": step, **result})
             metrics.console(metrics.eval_line(step, result))
         return result
+
+    def _eval_rows(self, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """float32 rows of every table's keys, on the evaluation's own client."""
+        return self.eval_reads.pull(parts)
+
+    def _dump_arrays(self) -> dict[str, np.ndarray]:
+        """The ``--dump-state`` arrays: the dense parameters and every table's rows."""
+        if self.cfg.tables.fused:  # (the client's one table)
+            keys, values, _ = self.client.dump()
+            return model_arrays(self.model, {TABLE: (keys, values)})
+        tables = {}
+        for name in self.cfg.tables.names:
+            keys, values, _ = self.client.dump(table=name)
+            tables[name] = (keys, values)
+        return model_arrays(self.model, tables)
 
     def _export(self, steps: int) -> None:
         m = self.cfg.model
@@ -381,8 +431,7 @@ class Worker:
         if self.chief:
             assert everyone is not None
             if self.cfg.output.dump_state:
-                keys, values, _ = self.client.dump()
-                write_dump(self.cfg.output.dump_state, model_arrays(self.model, keys, values))
+                write_dump(self.cfg.output.dump_state, self._dump_arrays())
             if self.cfg.output.export:
                 self._export(steps)
             head = {

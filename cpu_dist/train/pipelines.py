@@ -17,10 +17,21 @@ the cache stage       ``gpu_cache.CachedRowReader`` (``--read-mode bagpipe``): a
                       cache in front of the PS, kept coherent with it.
 
 Like TorchRec's train pipelines behind ``progress()``, each owns the sparse half of a step.
+
+The loop speaks :class:`TablesPipeline`: every step's unique keys, rows and gradients as a
+dict per table.  The default job's one fused table goes through :class:`OneTable` to the
+strategies above (its requests are today's one-table form, so its bits and speed are
+today's); a job of several tables reads through :class:`TablesDirectPipeline`: each read
+waits for the commit it depends on (t-1, or t-1-K under ``--sparse-sync async``) and pulls
+every table of the step in one request per shard per ``--ps-max-keys-per-rpc`` keys; each
+step's commit covers all tables.  The early pulls and the catch-up are one-table strategies
+for now: a job of several tables reads directly in every sync mode (the same rows, the reads
+wait where those would not).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -29,6 +40,7 @@ import torch
 from mpi4py import MPI
 
 from cpu_dist.common.config import Config
+from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.sorted_keys import find_sorted
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.data import Dataset
@@ -36,7 +48,11 @@ from cpu_dist.sparse import Client, Handle
 from cpu_dist.sparse.aggregation import make_aggregation
 from cpu_dist.sparse.catch_up import RecentCommits
 from cpu_dist.sparse.commits import CommitSession, SparseCommitter, make_handoff
-from cpu_dist.sparse.reads import EarlyPull, written_by
+from cpu_dist.sparse.reads import EarlyPull, TableReads, TablesPull, written_by
+
+# Per table (the job's tables in their order): a step's sorted unique keys, or their rows.
+TableKeys = Mapping[str, np.ndarray]
+TableRows = dict[str, torch.Tensor]
 
 
 class StepPipeline(Protocol):
@@ -65,6 +81,84 @@ class StepPipeline(Protocol):
         ...
 
     def metrics(self) -> dict[str, float]: ...
+
+
+class TablesPipeline(Protocol):
+    """:class:`StepPipeline` over a job's tables: keys, rows and gradients per table."""
+
+    prefetch_early: bool
+
+    def read(self, step: int, unique: TableKeys) -> TableRows: ...
+
+    def submit(self, step: int, keys: TableKeys, grads: TableKeys) -> None: ...
+
+    def prefetch(self, step: int, unique: TableKeys) -> None: ...
+
+    def wait_readable(self, step: int) -> None: ...
+
+    def finish(self, last_step: int) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+class OneTable:
+    """A one-table :class:`StepPipeline` as a :class:`TablesPipeline` of its table ``name``
+    (the default job's fused table, the cache stage)."""
+
+    def __init__(self, inner: StepPipeline, name: str) -> None:
+        self.inner, self.name = inner, name
+        self.prefetch_early = inner.prefetch_early
+
+    def read(self, step: int, unique: TableKeys) -> TableRows:
+        return {self.name: self.inner.read(step, unique[self.name])}
+
+    def submit(self, step: int, keys: TableKeys, grads: TableKeys) -> None:
+        self.inner.submit(step, keys[self.name], grads[self.name])
+
+    def prefetch(self, step: int, unique: TableKeys) -> None:
+        self.inner.prefetch(step, unique[self.name])
+
+    def wait_readable(self, step: int) -> None:
+        self.inner.wait_readable(step)
+
+    def finish(self, last_step: int) -> None:
+        self.inner.finish(last_step)
+
+    def metrics(self) -> dict[str, float]:
+        return self.inner.metrics()
+
+
+class TablesDirectPipeline:
+    """Several tables: each read waits for the commit it depends on, then pulls every table
+    of the step in one request per shard per max-keys (``Client.pull_tables``); each step's
+    gradients go out as one commit of every table (``SparseCommitter.submit_tables``)."""
+
+    prefetch_early = False
+
+    def __init__(self, reads: TableReads, committer: SparseCommitter, timer: PhaseTimer) -> None:
+        self.reads, self.committer, self.timer = reads, committer, timer
+
+    def read(self, step: int, unique: TableKeys) -> TableRows:
+        with self.timer("commit_wait"):
+            self.committer.wait_for_read(step)
+        with self.timer("pull"):
+            rows = self.reads.pull(unique)
+        return {name: torch.from_numpy(rows[name]) for name in unique}
+
+    def submit(self, step: int, keys: TableKeys, grads: TableKeys) -> None:
+        self.committer.submit_tables(step, {name: (keys[name], grads[name]) for name in keys})
+
+    def prefetch(self, step: int, unique: TableKeys) -> None:
+        pass
+
+    def wait_readable(self, step: int) -> None:
+        self.committer.wait_readable(step)
+
+    def finish(self, last_step: int) -> None:
+        self.committer.finish(last_step)
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
 
 class DirectPipeline:
@@ -188,22 +282,29 @@ class AsyncPrefetchPipeline(DirectPipeline):
 
 
 @dataclass
-class _Ahead:
-    """Step ``step``'s rows on their way: those of the last reads kept (each as after its
-    ``held`` commit), the others being pulled."""
+class _Kept:
+    """One table's rows of step ``step`` kept from the last reads (each as after its ``held``
+    commit); the others are being pulled."""
 
-    step: int
-    unique: np.ndarray
-    kept: np.ndarray  # bool per key of unique
+    kept: np.ndarray  # bool per key of the table's unique keys
     rows: np.ndarray  # the kept rows (a copy)
     held: np.ndarray  # the job step each kept row is as after
-    states: np.ndarray | None  # and their optimizer states (row-wise Adagrad)
-    handle: Handle  # the pull of unique[~kept]
+    states: np.ndarray | None  # and their optimizer states (Adagrad's)
+
+
+@dataclass
+class _Ahead:
+    """Step ``step``'s rows on their way: per table those kept, and one pull of the rest."""
+
+    step: int
+    unique: dict[str, np.ndarray]
+    kept: dict[str, _Kept]
+    pull: TablesPull  # unique[t][~kept[t].kept] of every table t
 
 
 @dataclass(frozen=True)
 class _Recent:
-    """Rows of the last reads (sorted keys), each as after commit ``held``."""
+    """Rows of the last reads of one table (sorted keys), each as after commit ``held``."""
 
     keys: np.ndarray
     rows: np.ndarray
@@ -211,136 +312,210 @@ class _Recent:
     states: np.ndarray | None
 
 
-class CatchUpPipeline(DirectPipeline):
+# A pull's rows of one table (writable), each row's last commit as a job step, its states.
+_Landed = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+
+
+@dataclass(frozen=True)
+class CatchUpTable:
+    """What the catch-up needs of a table: its width, optimizer, lr and eps."""
+
+    name: str
+    dim: int
+    optimizer: str
+    lr: float
+    eps: float = 1e-8
+
+
+class CatchUpPipeline:
     """``--sparse-sync pipelined`` or ``async`` (any K) under collective aggregation without
-    table rules.  As soon as step t's read returned, step t+1's rows are pulled, with each
-    row's last commit (``row_steps``), except the rows the last K+1 reads read, which the
-    worker keeps.  At the read it applies the commits the rows miss from the summed gradients
-    it keeps (:class:`RecentCommits`), with the shard's arithmetic, and waits for no commit:
-    rows whose reply holds a commit older than those kept are pulled again after commit t-K
-    (K=0 when pipelined; the hand-off, on its own thread, waits for it too).  So the link is
-    off the critical path, fewer rows cross it, and the rows equal the barrier mode's bit for
-    bit."""
+    table rules, for any number of tables.  As soon as step t's read returned, step t+1's rows
+    are pulled, with each row's last commit (``row_steps``), except the rows the last K+1 reads
+    read, which the worker keeps.  At the read it applies the commits the rows miss from the
+    summed gradients it keeps (:class:`RecentCommits`, one per table), with the shard's
+    arithmetic, and waits for no commit: rows whose reply holds a commit older than those kept
+    are pulled again after commit t-K (K=0 when pipelined; the hand-off, on its own thread,
+    waits for it too).  So the link is off the critical path, fewer rows cross it, and the rows
+    equal the barrier mode's bit for bit.  Every table's rows of a step travel in one pull
+    (:class:`TableReads`: the default job's one table in today's one-table requests)."""
 
     prefetch_early = True
 
     def __init__(
         self,
-        client: Client,
+        reads: TableReads,
         committer: SparseCommitter,
         timer: PhaseTimer,
         timeout_s: float,
         compression: Literal["none", "fp16", "int8"],
+        tables: Sequence[CatchUpTable],
     ) -> None:
-        super().__init__(client, committer, timer)
+        self.reads, self.committer, self.timer = reads, committer, timer
         self.timeout_s = timeout_s
         session = committer.session
-        self.adagrad = session.optimizer != "sgd"
-        self.recent = RecentCommits(
-            committer.handoff.staleness + 2,
-            session.lr,
-            session.optimizer,
-            session.world,
-            compression,
-        )
+        self.tables = {t.name: t for t in tables}
+        self.with_states = any(t.optimizer != "sgd" for t in tables)
+        self.recent = {
+            t.name: RecentCommits(
+                committer.handoff.staleness + 2,
+                t.lr,
+                t.optimizer,
+                session.world,
+                compression,
+                t.eps,
+            )
+            for t in tables
+        }
+        self.depth = committer.handoff.staleness + 2
         self._ahead: _Ahead | None = None
-        self._recent: _Recent | None = None
+        self._recent: dict[str, _Recent] = {}
         self.rows_caught_up = self.rows_pulled_again = self.rows_kept = 0
         self.lag: list[int] = []  # per read: commits the oldest of its rows missed
 
-    def _pull(self, keys: np.ndarray) -> Handle:
+    def _pull(self, parts: Mapping[str, np.ndarray]) -> TablesPull:
         sid = self.committer.session.id
-        return self.client.pull_async(keys, session=sid, row_steps=True, row_states=self.adagrad)
+        return self.reads.pull_async(
+            parts, session=sid, row_steps=True, row_states=self.with_states
+        )
 
-    def prefetch(self, step: int, unique: np.ndarray) -> None:
-        kept = np.zeros(len(unique), dtype=bool)
-        rows, held = np.empty((0, self.client.dim), np.float32), np.empty(0, np.int64)
-        states = None
-        r = self._recent
-        if r is not None:
-            at, kept = find_sorted(r.keys, unique)
-            # only rows the kept steps can bring to step-1 (at the read: steps step-depth..)
-            kept[kept] = r.held[at[kept]] >= step - self.recent.depth - 1
-            rows, held = r.rows[at[kept]], r.held[at[kept]]
-            states = None if r.states is None else r.states[at[kept]]
-        self._ahead = _Ahead(step, unique, kept, rows, held, states, self._pull(unique[~kept]))
+    def _stateful(self, name: str) -> bool:
+        return self.tables[name].optimizer != "sgd"
+
+    def _empty_states(self, name: str, n: int) -> np.ndarray | None:
+        t = self.tables[name]
+        if t.optimizer == "sgd":
+            return None
+        shape = (n, t.dim) if t.optimizer == "adagrad" else (n,)
+        return np.empty(shape, dtype=np.float32)
+
+    def prefetch(self, step: int, unique: TableKeys) -> None:
+        kept: dict[str, _Kept] = {}
+        for name, keys in unique.items():
+            mask = np.zeros(len(keys), dtype=bool)
+            rows = np.empty((0, self.tables[name].dim), np.float32)
+            held, states = np.empty(0, np.int64), self._empty_states(name, 0)
+            r = self._recent.get(name)
+            if r is not None:
+                at, mask = find_sorted(r.keys, keys)
+                # only rows the kept steps can bring to step-1 (at the read: steps step-depth..)
+                mask[mask] = r.held[at[mask]] >= step - self.depth - 1
+                rows, held = r.rows[at[mask]], r.held[at[mask]]
+                states = None if r.states is None else r.states[at[mask]]
+            kept[name] = _Kept(mask, rows, held, states)
+        unique = dict(unique)
+        self._ahead = _Ahead(
+            step, unique, kept, self._pull({n: unique[n][~kept[n].kept] for n in unique})
+        )
 
     def _remember(
-        self, step: int, unique: np.ndarray, rows: np.ndarray, states: np.ndarray | None
+        self, step: int, name: str, unique: np.ndarray, rows: np.ndarray, states: np.ndarray | None
     ) -> None:
-        """Add the rows read at ``step`` (as after commit step-1) to the recent ones, dropping
-        what the kept steps will no longer cover."""
+        """Add table ``name``'s rows read at ``step`` (as after commit step-1) to the recent
+        ones, dropping what the kept steps will no longer cover."""
         held = np.full(len(unique), step - 1, dtype=np.int64)
-        r = self._recent
+        r = self._recent.get(name)
         if r is not None:
-            old = ~find_sorted(unique, r.keys)[1] & (r.held >= step - self.recent.depth)
+            old = ~find_sorted(unique, r.keys)[1] & (r.held >= step - self.depth)
             keys = np.concatenate([unique, r.keys[old]])
             order = np.argsort(keys, kind="stable")
             unique, rows = keys[order], np.concatenate([rows, r.rows[old]])[order]
             held = np.concatenate([held, r.held[old]])[order]
             if states is not None and r.states is not None:
                 states = np.concatenate([states, r.states[old]])[order]
-        self._recent = _Recent(unique, rows, held, states)
+        self._recent[name] = _Recent(unique, rows, held, states)
 
-    def submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        out = self.committer.submit(step, keys, grads)
-        assert out.written is not None and out.summed is not None  # collective aggregation
-        self.recent.add(step, out.written, out.summed)
+    def submit(self, step: int, keys: TableKeys, grads: TableKeys) -> None:
+        out = self.committer.submit_tables(step, {n: (keys[n], grads[n]) for n in keys})
+        for name, o in out.items():
+            assert o.written is not None and o.summed is not None  # collective aggregation
+            self.recent[name].add(step, o.written, o.summed)
 
-    def read(self, step: int, unique: np.ndarray) -> torch.Tensor:
+    def read(self, step: int, unique: TableKeys) -> TableRows:
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and (ahead.step != step or not np.array_equal(ahead.unique, unique)):
-            ahead.handle.wait(self.timeout_s)  # a hint for another step: let it end
+        if ahead is not None and (
+            ahead.step != step
+            or ahead.unique.keys() != unique.keys()
+            or any(not np.array_equal(ahead.unique[n], unique[n]) for n in unique)
+        ):
+            ahead.pull.wait(self.timeout_s)  # a hint for another step: let it end
             ahead = None
         with self.timer("pull"):
-            rows, held, states = self._assemble(step, unique, ahead)
-            stale = np.flatnonzero(~self.recent.covers(held, step - 1))
-            if len(stale):  # older than the kept steps: pulled again once commit step-1-K is
-                self.rows_pulled_again += len(stale)  # applied (the kept steps cover the rest)
+            got = self._assemble(unique, ahead)
+            stale = {n: np.flatnonzero(~self.recent[n].covers(got[n][1], step - 1)) for n in unique}
+            if any(len(s) for s in stale.values()):
+                # older than the kept steps: pulled again once commit step-1-K is applied
+                # (the kept steps cover the rest)
+                self.rows_pulled_again += sum(len(s) for s in stale.values())
                 with self.timer("commit_wait"):
                     self.committer.wait_for_read(step, record=False)
-                again = self._pull(unique[stale])
-                rows[stale], held[stale], fresh_states = self._landed(again)
-                if states is not None and fresh_states is not None:
-                    states[stale] = fresh_states
-            self.lag.append(int(max(0, step - 1 - held.min())) if len(held) else 0)
-            self.rows_caught_up += self.recent.apply(unique, rows, held, step - 1, states)
+                again = self._landed(
+                    self._pull({n: unique[n][s] for n, s in stale.items() if len(s)})
+                )
+                for name, (rows_, held_, fresh_states) in again.items():
+                    s = stale[name]
+                    rows, held, states = got[name]
+                    rows[s], held[s] = rows_, held_
+                    if states is not None and fresh_states is not None:
+                        states[s] = fresh_states
+            oldest = [int(h.min()) for _, h, _ in got.values() if len(h)]
+            self.lag.append(max(0, step - 1 - min(oldest)) if oldest else 0)
+            for name, (rows, held, states) in got.items():
+                self.rows_caught_up += self.recent[name].apply(
+                    unique[name], rows, held, step - 1, states
+                )
         self.committer.caught_up_read()
-        self._remember(step, unique, rows, states)
-        return torch.from_numpy(rows)
+        for name, (rows, _, states) in got.items():
+            self._remember(step, name, unique[name], rows, states)
+        return {name: torch.from_numpy(got[name][0]) for name in unique}
 
-    def _assemble(
-        self, step: int, unique: np.ndarray, ahead: _Ahead | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Rows of ``unique``, each row's last commit as a job step, their states."""
+    def _assemble(self, unique: TableKeys, ahead: _Ahead | None) -> dict[str, _Landed]:
+        """Per table: rows of its unique keys, each row's last commit as a job step, states."""
         if ahead is None:
             return self._landed(self._pull(unique))
-        kept = ahead.kept
-        self.rows_kept += int(kept.sum())
-        rows = np.empty((len(unique), self.client.dim), dtype=np.float32)
-        held = np.empty(len(unique), dtype=np.int64)
-        states = np.empty(len(unique), dtype=np.float32) if self.adagrad else None
-        rows[kept], held[kept] = ahead.rows, ahead.held
-        rows[~kept], held[~kept], pulled_states = self._landed(ahead.handle)
-        if states is not None:
-            assert ahead.states is not None and pulled_states is not None
-            states[kept], states[~kept] = ahead.states, pulled_states
-        return rows, held, states
+        pulled = self._landed(ahead.pull)
+        out: dict[str, _Landed] = {}
+        for name, keys in unique.items():
+            k = ahead.kept[name]
+            self.rows_kept += int(k.kept.sum())
+            rows = np.empty((len(keys), self.tables[name].dim), dtype=np.float32)
+            held = np.empty(len(keys), dtype=np.int64)
+            states = self._empty_states(name, len(keys))
+            rows[k.kept], held[k.kept] = k.rows, k.held
+            p_rows, p_held, p_states = pulled[name]
+            rows[~k.kept], held[~k.kept] = p_rows, p_held
+            if states is not None:
+                assert k.states is not None and p_states is not None
+                states[k.kept], states[~k.kept] = k.states, p_states
+            out[name] = (rows, held, states)
+        return out
 
-    def _landed(self, handle: Handle) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """A pull's rows (writable), each row's last commit as a job step, its states."""
-        rows = handle.wait(self.timeout_s)
-        steps = handle.row_steps()
+    def _landed(self, pull: TablesPull) -> dict[str, _Landed]:
+        """A pull's rows per table (writable), each row's last commit as a job step, its
+        states (None for a table without optimizer state)."""
+        rows = pull.wait(self.timeout_s)
+        steps = pull.row_steps()
+        states = pull.row_states() if self.with_states else None
         assert steps is not None
-        # session steps -> job steps (int64 min, "no bound", stays below every step)
-        held = np.where(steps == np.iinfo(np.int64).min, steps, steps + self.committer.session.base)
-        return rows, held, handle.row_states()
+        base = self.committer.session.base
+        out: dict[str, _Landed] = {}
+        for name, r in rows.items():
+            s = steps[name]
+            # session steps -> job steps (int64 min, "no bound", stays below every step)
+            held = np.where(s == np.iinfo(np.int64).min, s, s + base)
+            st = None
+            if states is not None and self._stateful(name):
+                st = np.ascontiguousarray(states[name], dtype=np.float32)
+            out[name] = (r, held, st)
+        return out
+
+    def wait_readable(self, step: int) -> None:
+        self.committer.wait_readable(step)
 
     def finish(self, last_step: int) -> None:
         if self._ahead is not None:  # a hint for a step that never ran
-            self._ahead.handle.wait(self.timeout_s)
+            self._ahead.pull.wait(self.timeout_s)
             self._ahead = None
-        super().finish(last_step)
+        self.committer.finish(last_step)
 
     def metrics(self) -> dict[str, float]:
         lag = self.lag
@@ -358,6 +533,7 @@ def _early_pull(cfg: Config) -> bool:
     its commit (a drop is a write of that step that no worker knows of in advance)."""
     return (
         cfg.cache is None
+        and cfg.tables.fused
         and cfg.train.sparse_sync == "pipelined"
         and not cfg.table.expire_after
         and not _catch_up(cfg)
@@ -365,7 +541,12 @@ def _early_pull(cfg: Config) -> bool:
 
 
 def _async_prefetch(cfg: Config) -> bool:
-    return cfg.cache is None and cfg.train.sparse_sync == "async" and cfg.train.max_staleness > 0
+    return (
+        cfg.cache is None
+        and cfg.tables.fused
+        and cfg.train.sparse_sync == "async"
+        and cfg.train.max_staleness > 0
+    )
 
 
 def _catch_up(cfg: Config) -> bool:
@@ -378,6 +559,7 @@ def _catch_up(cfg: Config) -> bool:
         and cfg.train.aggregation == "collective"
         and not cfg.table.admit_after
         and not cfg.table.expire_after
+        and not any(t.has_rules for t in cfg.tables.tables)
     )
 
 
@@ -393,6 +575,7 @@ def make_committer(
         lr=cfg.train.sparse_lr,
         optimizer=cfg.train.sparse_optimizer,
         barrier_timeout_s=cfg.job.barrier_timeout_s,
+        table_lrs=None if cfg.tables.fused else {t.name: t.lr for t in cfg.tables.tables},
     )
     early_pull = _early_pull(cfg)
     staleness = cfg.train.max_staleness if cfg.train.sparse_sync == "async" else 0
@@ -416,18 +599,37 @@ def make_pipeline(
     comm: MPI.Intracomm,
     dataset: Dataset,
     timer: PhaseTimer,
+) -> TablesPipeline:
+    """The one place that chooses a strategy from the flags (and the job's tables)."""
+    if _catch_up(cfg):
+        tables = [CatchUpTable(t.name, t.dim, t.optimizer, t.lr, t.eps) for t in cfg.tables.tables]
+        if cfg.tables.fused:  # the session's one-table form: its lr and optimizer
+            tables = [
+                CatchUpTable(TABLE, client.dim, cfg.train.sparse_optimizer, cfg.train.sparse_lr)
+            ]
+        reads = TableReads(client, [t.name for t in tables], one_table=cfg.tables.fused)
+        return CatchUpPipeline(
+            reads, committer, timer, cfg.client.rpc_timeout_s, cfg.client.compression, tables
+        )
+    if not cfg.tables.fused:
+        return TablesDirectPipeline(TableReads(client, cfg.tables.names, False), committer, timer)
+    return OneTable(_one_table_pipeline(cfg, client, committer, comm, dataset, timer), TABLE)
+
+
+def _one_table_pipeline(
+    cfg: Config,
+    client: Client,
+    committer: SparseCommitter,
+    comm: MPI.Intracomm,
+    dataset: Dataset,
+    timer: PhaseTimer,
 ) -> StepPipeline:
-    """The one place that chooses a strategy from the flags."""
     if cfg.cache is not None:
         from gpu_cache import make_reader
 
         return make_reader(cfg, client, committer, comm, dataset, timer)
     if _early_pull(cfg):
         return EarlyPullPipeline(client, committer, timer, cfg.client.rpc_timeout_s)
-    if _catch_up(cfg):
-        return CatchUpPipeline(
-            client, committer, timer, cfg.client.rpc_timeout_s, cfg.client.compression
-        )
     if _async_prefetch(cfg):
         # with expiry a commit may drop any row: then every row counts as written
         known = not cfg.table.expire_after

@@ -28,7 +28,7 @@ def reference(dataset, steps: int, batch_size: int = 96) -> dict:
 
 def assert_close(got: dict, want: dict, rtol: float) -> None:
     assert set(got) == set(want)
-    np.testing.assert_array_equal(got["sparse_keys"], want["sparse_keys"])
+    np.testing.assert_array_equal(got["table/embedding/keys"], want["table/embedding/keys"])
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=k)
 
@@ -59,8 +59,9 @@ def test_converted_equals_tsv_bit_for_bit_and_the_reference(data):
         tmp, "tsv", 2, 1, ["--data", "criteo", "--data-path", str(src), "--skip-bad-lines", *flags]
     )
     binary = train(tmp, "bin", 2, 1, ["--data", "criteo-bin", "--data-path", str(out), *flags])
-    assert len(binary["sparse_keys"]) > 1000
-    assert (binary["sparse_keys"] & 0xFFFFFFFF).max() < 50000  # --max-ind-range folded them
+    assert len(binary["table/embedding/keys"]) > 1000
+    keys = binary["table/embedding/keys"]
+    assert (keys & 0xFFFFFFFF).max() < 50000  # --max-ind-range folded them
     assert_same_bits(tsv, binary)
     ds = make_dataset("criteo-bin", path=out, max_ind_range=50000, shuffle=True)
     assert_close(binary, reference(ds, 20), rtol=1e-5)

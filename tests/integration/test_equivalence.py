@@ -29,7 +29,7 @@ def reference(sparse_optimizer: str, dense_optimizer: str = "sgd") -> dict:
 
 def assert_same_model(got: dict, want: dict, rtol: float, atol: float = 1e-6) -> None:
     assert set(got) == set(want), f"different entries: {set(got) ^ set(want)}"
-    np.testing.assert_array_equal(got["sparse_keys"], want["sparse_keys"])
+    np.testing.assert_array_equal(got["table/embedding/keys"], want["table/embedding/keys"])
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=atol, err_msg=k)
 
@@ -52,7 +52,7 @@ def test_distributed_equals_single_process(runs, workers, shards, sparse_optimiz
         ["--sparse-optimizer", sparse_optimizer],
     )
     cache[(workers, shards, sparse_optimizer)] = got
-    assert len(got["sparse_keys"]) > 100
+    assert len(got["table/embedding/keys"]) > 100
     assert_same_model(got, want, rtol=1e-5)
 
 
@@ -153,7 +153,7 @@ def test_real_criteo_rows_train_and_equal_the_reference(runs):
     ]
     got = train(tmp, "criteo", 2, 2, flags)
     want = small_reference(make_dataset("criteo", path=sample), steps=8, batch_size=16)
-    assert (got["sparse_keys"] >> 32).max() == 25  # keys of all 26 features, fused
+    assert (got["table/embedding/keys"] >> 32).max() == 25  # keys of all 26 features, fused
     assert_same_model(got, want, rtol=1e-5)
 
 
