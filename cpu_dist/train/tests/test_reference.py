@@ -329,3 +329,41 @@ def test_tables_have_their_own_salted_rows_widths_and_optimizers():
     assert np.all(np.abs(moved).max(axis=1) < 0.4)
     # the model projects the mixed widths: proj.<f> for both features
     assert {"dense/proj.0.weight", "dense/proj.1.weight"} <= set(first)
+
+
+def test_an_adagrad_tables_first_step_moves_each_element_by_about_lr():
+    """Element-wise Adagrad: acc = g*g, so the first step is w -= lr * g / (|g| + eps), about
+    lr * sign(g) wherever g is not tiny; its state is [n, dim]."""
+    from cpu_dist.train.reference import ReferenceTable, ReferenceTrainer
+
+    batches = _batches()
+    table = ReferenceTable(_spec("embedding", dim=DIM, optimizer="adagrad"), 0.01)
+    from cpu_dist.data.keys import TableKeySplit
+
+    split = TableKeySplit({"embedding": [0, 1]}, offsets=np.zeros(NS, np.int64))
+    keys = np.unique(batches[0].keys)
+    tr = ReferenceTrainer(
+        keys={"embedding": keys},
+        num_dense=ND,
+        num_sparse=NS,
+        dim=DIM,
+        bot_mlp=BOT,
+        top_mlp=TOP,
+        seed=4,
+        lr=0.2,
+        sparse_lr=None,
+        dense_optimizer="sgd",
+        sparse_optimizer="sgd",
+        init_scale=0.5,
+        init_seed=5,
+        tables=[table],
+        split=split,
+    )
+    tr.step(batches[0])
+    (state,) = [t.state for t in tr.tables]
+    assert state.shape == (len(keys), DIM)
+    moved = tr.dump()["table/embedding/values"] - row_init(5, keys, DIM, 0.5, "embedding")
+    big = state > 1e-6  # |g| > 1e-3: the step is lr * |g| / (|g| + 1e-8) ~ lr
+    assert big.sum() > 0
+    np.testing.assert_allclose(np.abs(moved[big]), 0.01, rtol=1e-4)
+    np.testing.assert_array_equal(moved[state == 0], 0)
