@@ -397,6 +397,8 @@ class ShardTable {
   // Rows created minus dropped since the budget's last split, and the rows then.
   std::atomic<int64_t> rows_since_split_{0};
   std::atomic<uint64_t> rows_at_split_{0};
+  // A split left this table over its cap (its update lock was taken): its next update evicts.
+  std::atomic<bool> shrink_due_{false};
   TestHooks* hooks_ = nullptr;
 };
 

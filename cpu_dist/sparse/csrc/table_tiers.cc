@@ -394,11 +394,16 @@ std::optional<TierError> ShardTable::shrink_to_caps() {
 
 std::optional<TierError> ShardTable::after_update(int64_t rows_delta) {
   if (!tiers_.budget) return std::nullopt;
+  // A split this table's lock kept out of (a step over several tables holds them all): the
+  // caller holds the lock now, so no freeze is under way.
+  std::optional<TierError> caught_up;
+  if (shrink_due_.exchange(false)) caught_up = shrink_to_caps();
   const int64_t moved = rows_since_split_.fetch_add(rows_delta) + rows_delta;
   // A sixteenth of the rows at the last split, and at least a few rows per stripe.
   const uint64_t enough = rows_at_split_.load() / 16 + 16 * stripes_.size();
-  if (static_cast<uint64_t>(std::abs(moved)) <= enough) return std::nullopt;
-  return tiers_.budget->rebalance_from(this);
+  if (static_cast<uint64_t>(std::abs(moved)) <= enough) return caught_up;
+  std::optional<TierError> split = tiers_.budget->rebalance_from(this);
+  return caught_up ? caught_up : split;
 }
 
 void MemoryBudget::attach(ShardTable* table) {
@@ -449,7 +454,11 @@ std::optional<TierError> MemoryBudget::split_locked(ShardTable* held) {
       e = t->shrink_to_caps();
     } else {
       std::shared_lock<std::shared_mutex> other(t->update_mu_, std::try_to_lock);
-      if (other.owns_lock()) e = t->shrink_to_caps();
+      if (other.owns_lock()) {
+        e = t->shrink_to_caps();
+      } else {
+        t->shrink_due_.store(true);
+      }
     }
     if (e && !err) err = std::move(e);
   }

@@ -303,3 +303,29 @@ def test_the_standalone_shard_takes_a_byte_budget(tmp_path):
         srv.stop(2.0)
     with pytest.raises(ValueError, match="needs an SSD tier"):
         make_server(parse_args(flags), TOKEN)
+
+
+def test_a_table_left_over_its_share_by_a_step_of_every_table_evicts_at_the_next(shards, tmp_path):
+    """A step over several tables holds every table's lock, so a split during it can evict
+    only from the table being applied; the others evict at their next step, even one that
+    brings them no rows: then the shard is back within its budget."""
+    budget = 40_000
+    s = shards(1, memory_bytes=budget, ssd_dir=str(tmp_path / "ssd"))
+    cl = s.client()
+    rng = np.random.default_rng(3)
+    none = np.zeros(0, np.int64)
+
+    def step(i: int, rows: dict[str, np.ndarray]) -> None:
+        parts = {n: (k, rng_grads(rng, len(k), DIMS[n]), 0.1) for n, k in rows.items()}
+        cl.commit_tables(5, i, 0, 1, parts)
+        assert cl.wait_committed(5, i, 20.0) == i
+
+    step(0, {"mid": np.arange(300, dtype=np.int64), "narrow": none, "wide": none})
+    before = s.table_stats()[0]["mid"]["rows_dram"]
+    for i in range(1, 6):  # only "wide" grows; "mid" comes first in name order
+        step(i, {"mid": none, "narrow": none, "wide": np.arange(500 * i, 500 * i + 500)})
+    step(6, {"mid": none, "narrow": none, "wide": np.arange(3)})  # too few rows for a split
+    after = s.table_stats()[0]
+    assert after["mid"]["rows_dram"] < before
+    payload = sum(after[n]["rows_dram"] * 4 * (DIMS[n] + state_floats(n)) for n in DIMS)
+    assert payload <= budget
