@@ -180,6 +180,21 @@ class ShardTable {
   }
   StepResult commit_step_locked(const int64_t* keys, const float* grads, size_t n, float lr,
                                 OptimizerKind opt, int64_t step);
+  // commit_step_locked in two halves, so that a step over several tables changes none of them
+  // unless every one can take it: prepare (pass 1: every row resident and pinned; throws with
+  // this table unchanged), then finish (pass 2 and the step rules; throws only
+  // AppliedThenFailed) or cancel (unpins; drops the first-touch rows it made; cannot fail).
+  // write_ahead false: rows over a stripe's DRAM share leave after the update rather than
+  // being written to SSD in pass 1 (table_tiers.cc).  The caller holds the step lock.
+  struct PreparedStep;
+  struct PreparedStepDeleter {
+    void operator()(PreparedStep* p) const;
+  };
+  using PreparedStepPtr = std::unique_ptr<PreparedStep, PreparedStepDeleter>;
+  PreparedStepPtr prepare_step_locked(const int64_t* keys, const float* grads, size_t n, float lr,
+                                      OptimizerKind opt, int64_t step, bool write_ahead);
+  StepResult finish_step_locked(PreparedStep& p);
+  void cancel_step_locked(PreparedStep& p);
   // Throws MemoryFull (naming the table) when the step's new rows would not fit the DRAM tier
   // (memory_rows, no SSD tier): what commit_step_locked refuses before changing anything,
   // asked of every table of a step before any changes.  The caller holds the step lock.
@@ -353,6 +368,10 @@ class ShardTable {
   // failing SSD fails the update whole), applies, unpins.  Returns the error of an eviction
   // after the update (nullopt: none; it writes nothing but in a failure nobody foresaw): the
   // caller throws AppliedThenFailed once its own bookkeeping is done.
+  // apply_locked's two passes (Pass: where the update's rows are, between them).
+  struct Pass;
+  void prepare_locked(Pass& p, bool write_ahead);
+  std::optional<TierError> finish_locked(Pass& p);
   std::optional<TierError> apply_locked(const int64_t* keys, const float* grads, size_t n, float lr,
                                         OptimizerKind opt, StepCtx* ctx);
   void check_budget(const int64_t* keys, size_t n, const std::vector<uint32_t>& order,

@@ -162,9 +162,50 @@ void ShardTable::unpin(const std::vector<uint32_t>& starts, const std::vector<ui
   }
 }
 
+// An update between its two passes (apply_locked): where its rows are, pinned.
+struct ShardTable::Pass {
+  const int64_t* keys = nullptr;
+  const float* grads = nullptr;
+  size_t n = 0;
+  float lr = 0.0f;
+  OptimizerKind opt = OptimizerKind::kSgd;
+  StepCtx* ctx = nullptr;
+  std::vector<uint32_t> order, starts;
+  std::vector<uint32_t> slots;
+  std::vector<uint32_t> fresh;  // rows this update inserted at their first-touch value
+  std::vector<uint8_t> ahead_stripe;
+};
+
+// A committed step between its passes (prepare_step_locked).
+struct ShardTable::PreparedStep {
+  StepCtx ctx;
+  Pass pass;
+};
+
+void ShardTable::PreparedStepDeleter::operator()(PreparedStep* p) const { delete p; }
+
 std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
                                                   float lr, OptimizerKind opt, StepCtx* ctx) {
-  std::vector<uint32_t> order, starts;
+  Pass p;
+  p.keys = keys;
+  p.grads = grads;
+  p.n = n;
+  p.lr = lr;
+  p.opt = opt;
+  p.ctx = ctx;
+  prepare_locked(p, true);
+  return finish_locked(p);
+}
+
+void ShardTable::prepare_locked(Pass& p, bool write_ahead) {
+  const int64_t* keys = p.keys;
+  const float* grads = p.grads;
+  const size_t n = p.n;
+  const float lr = p.lr;
+  const OptimizerKind opt = p.opt;
+  StepCtx* ctx = p.ctx;
+  std::vector<uint32_t>& order = p.order;
+  std::vector<uint32_t>& starts = p.starts;
   group_by_stripe(keys, n, order, starts);
   if (tiers_.memory_rows > 0 && !store_) check_budget(keys, n, order, starts, ctx);
   if (ctx != nullptr) {
@@ -173,15 +214,18 @@ std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const flo
   }
   // Pass 1 (may throw, moves no value): every admitted row resident in DRAM and pinned there.
   // Slots never move while pinned, so they stay valid through pass 2.
-  std::vector<uint32_t> slots(n, kNoSlot);
-  std::vector<uint32_t> fresh(n, 0);  // rows this update inserted at their first-touch value
+  std::vector<uint32_t>& slots = p.slots;
+  slots.assign(n, kNoSlot);
+  std::vector<uint32_t>& fresh = p.fresh;
+  fresh.assign(n, 0);
   std::vector<uint32_t> missing;
   std::vector<int64_t> mkeys;
   std::vector<char> values;
   std::vector<uint8_t> found;
   const uint8_t pin = store_ ? kPinned : 0;
   std::unique_ptr<TierStore::Batch> ahead;  // rows written to SSD before the update
-  std::vector<uint8_t> ahead_stripe(stripes_.size(), 0);
+  std::vector<uint8_t>& ahead_stripe = p.ahead_stripe;
+  ahead_stripe.assign(stripes_.size(), 0);
   try {
     for (size_t s = 0; s < stripes_.size(); ++s) {
       if (starts[s] == starts[s + 1]) continue;
@@ -219,8 +263,11 @@ std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const flo
       // More of this update's rows than the stripe's share: after the update some must leave
       // DRAM, dirty.  Their new values go to SSD now, in one batch with every such stripe's,
       // so that a failing SSD fails the update whole; afterwards they are clean copies and
-      // the eviction writes nothing.
-      if (store_ && st.s.index.size() > st.cap) {
+      // the eviction writes nothing.  Not in a step over several tables (write_ahead false):
+      // there the writes of one table would be in its SSD tier while another table's pass 1
+      // may still fail; its rows leave DRAM after the update instead (an SSD failure then is
+      // one after the step, AppliedThenFailed).
+      if (write_ahead && store_ && st.s.index.size() > st.cap) {
         if (!ahead) ahead = std::make_unique<TierStore::Batch>(*store_);
         ahead_stripe[s] = 1;
         std::vector<float> row(dim_), state(sw_);
@@ -240,10 +287,24 @@ std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const flo
     if (ahead) ssd_write(*ahead);  // all or nothing: before any row changes
   } catch (...) {
     // Moves keep values; this update's first-touch rows go again (serial updates only: a
-    // concurrent one may use them), and the pins go.
-    if (serial_) unpin(starts, slots, &fresh);
+    // concurrent one may use them; a step, ctx, always holds the update lock alone), and the
+    // pins go.
+    if (serial_ || ctx != nullptr) unpin(starts, slots, &fresh);
     throw;
   }
+}
+
+std::optional<TierError> ShardTable::finish_locked(Pass& p) {
+  const int64_t* keys = p.keys;
+  const float* grads = p.grads;
+  const float lr = p.lr;
+  const OptimizerKind opt = p.opt;
+  StepCtx* ctx = p.ctx;
+  const std::vector<uint32_t>& order = p.order;
+  const std::vector<uint32_t>& starts = p.starts;
+  const std::vector<uint32_t>& slots = p.slots;
+  const std::vector<uint32_t>& fresh = p.fresh;
+  const std::vector<uint8_t>& ahead_stripe = p.ahead_stripe;
   // Pass 2 (cannot throw): update.
   std::optional<TierError> after;
   for (size_t s = 0; s < stripes_.size(); ++s) {
@@ -306,10 +367,35 @@ ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float*
 ShardTable::StepResult ShardTable::commit_step_locked(const int64_t* keys, const float* grads,
                                                       size_t n, float lr, OptimizerKind opt,
                                                       int64_t step) {
-  StepCtx ctx;
-  ctx.step = step;
+  const PreparedStepPtr p = prepare_step_locked(keys, grads, n, lr, opt, step, true);
+  return finish_step_locked(*p);
+}
+
+ShardTable::PreparedStepPtr ShardTable::prepare_step_locked(const int64_t* keys, const float* grads,
+                                                            size_t n, float lr, OptimizerKind opt,
+                                                            int64_t step, bool write_ahead) {
+  PreparedStepPtr p(new PreparedStep);
+  p->ctx.step = step;
   rules_.reserve(n);
-  const std::optional<TierError> after = apply_locked(keys, grads, n, lr, opt, &ctx);
+  Pass& pass = p->pass;
+  pass.keys = keys;
+  pass.grads = grads;
+  pass.n = n;
+  pass.lr = lr;
+  pass.opt = opt;
+  pass.ctx = &p->ctx;
+  prepare_locked(pass, write_ahead);
+  return p;
+}
+
+void ShardTable::cancel_step_locked(PreparedStep& p) {
+  unpin(p.pass.starts, p.pass.slots, &p.pass.fresh);  // a step holds the update lock alone
+}
+
+ShardTable::StepResult ShardTable::finish_step_locked(PreparedStep& p) {
+  StepCtx& ctx = p.ctx;
+  const int64_t step = ctx.step;
+  const std::optional<TierError> after = finish_locked(p.pass);
   for (const auto& [key, old] : ctx.updated) rules_.row_updated(key, old, step);
   for (int64_t key : ctx.waiting) rules_.key_waiting(key, step);
   uint64_t counts_dropped = 0;

@@ -176,26 +176,29 @@ void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bo
     lock_or_would_block(locks.back(), wait);  // a throw unlocks the ones taken
   }
   for (const StepUpdate* u : order) u->table->check_step_fits(u->keys, u->n, step);
-  std::string applied;  // tables updated so far
+  // Pass 1 of every table (rows resident and pinned); any failure cancels the ones before it,
+  // so that no table takes the step.
+  std::vector<ShardTable::PreparedStepPtr> prepared;
+  prepared.reserve(order.size());
+  try {
+    for (const StepUpdate* u : order)
+      prepared.push_back(
+          u->table->prepare_step_locked(u->keys, u->grads, u->n, u->lr, u->optimizer, step, false));
+  } catch (...) {
+    for (size_t i = 0; i < prepared.size(); ++i) order[i]->table->cancel_step_locked(*prepared[i]);
+    throw;
+  }
+  // Pass 2 of every table: cannot fail but in the SSD tier after the rows changed
+  // (AppliedThenFailed: the step is in every table; the first such failure is reported).
   std::optional<AppliedThenFailed> first_failure;
-  for (const StepUpdate* u : order) {
-    const std::string& name = u->table->spec().name;
+  for (size_t i = 0; i < order.size(); ++i) {
     try {
-      u->table->commit_step_locked(u->keys, u->grads, u->n, u->lr, u->optimizer, step);
+      order[i]->table->finish_step_locked(*prepared[i]);
     } catch (const AppliedThenFailed& e) {
       if (!first_failure)
-        first_failure.emplace(absl::StrCat("table '", name, "': ", e.what()), e.no_space());
-    } catch (const std::exception& e) {
-      if (applied.empty()) throw;  // nothing of the step is in any table
-      const bool no_space = dynamic_cast<const TierError*>(&e) != nullptr &&
-                            static_cast<const TierError&>(e).no_space();
-      if (!first_failure)
-        first_failure.emplace(absl::StrCat("step ", step, " was applied to table(s) ", applied,
-                                           " but not to table '", name, "': ", e.what()),
-                              no_space);
-      continue;
+        first_failure.emplace(
+            absl::StrCat("table '", order[i]->table->spec().name, "': ", e.what()), e.no_space());
     }
-    absl::StrAppend(&applied, applied.empty() ? "'" : ", '", name, "'");
   }
   if (first_failure) throw *first_failure;
 }

@@ -49,14 +49,13 @@ struct StepUpdate {
 };
 
 // Applies job step `step` to every table it names (a table without rows still runs its step
-// rules: expiry counts job steps), all at once: every table's step lock is taken first, in
+// rules: expiry counts job steps), all or nothing: every table's step lock is taken first, in
 // name order (with wait false: WouldBlock, nothing changed, when one is taken), then every
-// table's DRAM budget is checked (MemoryFull, nothing changed), then each table is updated.
-// What fails in a table's update before it changes a row (TableFull, TierError, bad_alloc)
-// leaves that table unchanged; if an earlier table of the step was updated already, that is
-// reported as AppliedThenFailed naming the tables (the session fails; no update is lost
-// silently) and the remaining tables are still updated, so that no table is left a step
-// behind another where it can be helped.
+// table's pass 1 (ShardTable::prepare_step_locked: rows resident and pinned, budgets checked);
+// a failure there (MemoryFull, TableFull, TierError, bad_alloc) cancels the tables prepared
+// before it and leaves every table unchanged.  Then every table's pass 2 and step rules: what
+// fails there is the SSD tier after the rows changed (AppliedThenFailed: the step is in every
+// table, the session fails), as for one table.
 void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bool wait);
 
 class ShardTables {

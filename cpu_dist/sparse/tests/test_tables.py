@@ -504,3 +504,28 @@ def test_expiry_runs_per_table_on_every_job_step(shards):
     assert [(t.name, t.rows, t.rows_expired) for t in st.tables] == [(b"a", 0, 1), (b"b", 1, 0)]
     back = s.pull(one)
     np.testing.assert_array_equal(back["a"], contracts.row_init(1, [1], 4, 0.5, table="a"))
+
+
+def test_a_step_one_table_cannot_take_changes_no_table(shards):
+    """Table 'b' runs out of slots (one block a stripe: 64 rows) in the step's first pass, after
+    table 'a' (name order: first) made its rows resident: neither table takes the step."""
+    specs = [
+        {"name": "a", "dim": 4, "optimizer": "sgd", "init_scale": 0.5, "seed": 1},
+        {"name": "b", "dim": 4, "optimizer": "sgd", "init_scale": 0.5, "seed": 1},
+    ]
+    s = shards(1, specs=specs, max_blocks_per_stripe=1)
+    lr = {"a": 1.0, "b": 1.0}
+    ka, kb = np.arange(5, dtype=np.int64), np.arange(5000, dtype=np.int64)
+    parts = {"a": (ka, np.ones((5, 4), np.float32)), "b": (kb, np.ones((5000, 4), np.float32))}
+    with pytest.raises(grpc.RpcError) as ei:
+        s.commit(6, 0, 0, 1, parts, lr=lr)
+    assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "was not applied" in ei.value.details()
+    st = s.stubs[0].Stats(s.pb.StatsRequest(), metadata=MD, timeout=30)
+    assert [(t.name, t.rows) for t in st.tables] == [(b"a", 0), (b"b", 0)]
+    rows = s.pull({"a": ka})
+    np.testing.assert_array_equal(rows["a"], contracts.row_init(1, ka, 4, 0.5, table="a"))
+    # A step both tables can take still applies, in a new session.
+    s.commit(7, 0, 0, 1, {"a": parts["a"], "b": (kb[:5], np.ones((5, 4), np.float32))}, lr=lr)
+    rows = s.pull({"a": ka})
+    np.testing.assert_array_equal(rows["a"], contracts.row_init(1, ka, 4, 0.5, table="a") - 1.0)
