@@ -245,6 +245,8 @@ class SparseCommitter:
         self.staleness_seen: list[int] = []
         # The rows the last submitted step writes (sorted), when the aggregation knows them.
         self.written: np.ndarray | None = None
+        # ...per table, for a step of several tables (``submit_tables``).
+        self.written_tables: dict[str, np.ndarray | None] = {}
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
         )
@@ -306,7 +308,8 @@ class SparseCommitter:
         t0 = time.perf_counter()
         out = self.aggregation.reduce_tables(parts)
         self.exchange_s += time.perf_counter() - t0
-        self.written = None  # (per table; no reader of several tables asks for it yet)
+        self.written = None
+        self.written_tables = {n: o.written for n, o in out.items()}
         if self._pool is None:
             self._hand_off_tables(step, out)
         else:

@@ -19,14 +19,14 @@ the cache stage       ``gpu_cache.CachedRowReader`` (``--read-mode bagpipe``): a
 Like TorchRec's train pipelines behind ``progress()``, each owns the sparse half of a step.
 
 The loop speaks :class:`TablesPipeline`: every step's unique keys, rows and gradients as a
-dict per table.  The default job's one fused table goes through :class:`OneTable` to the
-strategies above (its requests are today's one-table form, so its bits and speed are
-today's); a job of several tables reads through :class:`TablesDirectPipeline`: each read
-waits for the commit it depends on (t-1, or t-1-K under ``--sparse-sync async``) and pulls
-every table of the step in one request per shard per ``--ps-max-keys-per-rpc`` keys; each
-step's commit covers all tables.  The early pulls and the catch-up are one-table strategies
-for now: a job of several tables reads directly in every sync mode (the same rows, the reads
-wait where those would not).
+dict per table; each step's commit covers all tables, and every table of a step is pulled in
+one request per shard per ``--ps-max-keys-per-rpc`` keys (``TableReads``).
+``CatchUpPipeline`` is per table for any job (the default job's one table in today's
+one-table requests, so its bits and speed are today's).  The default job's other strategies
+sit behind :class:`OneTable`; a job of several tables has :class:`TablesEarlyPullPipeline`
+(the early pull per table) and otherwise :class:`TablesDirectPipeline` (each read waits for
+the commit it depends on, t-1 or t-1-K, then pulls: the same rows, waiting where
+``AsyncPrefetchPipeline``, a one-table strategy for now, would not).
 """
 
 from __future__ import annotations
@@ -135,8 +135,15 @@ class TablesDirectPipeline:
 
     prefetch_early = False
 
-    def __init__(self, reads: TableReads, committer: SparseCommitter, timer: PhaseTimer) -> None:
+    def __init__(
+        self,
+        reads: TableReads,
+        committer: SparseCommitter,
+        timer: PhaseTimer,
+        dims: Mapping[str, int] | None = None,
+    ) -> None:
         self.reads, self.committer, self.timer = reads, committer, timer
+        self.dims = dict(dims or {})  # each table's width (the early pull's assembly)
 
     def read(self, step: int, unique: TableKeys) -> TableRows:
         with self.timer("commit_wait"):
@@ -159,6 +166,64 @@ class TablesDirectPipeline:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+
+class TablesEarlyPullPipeline(TablesDirectPipeline):
+    """:class:`EarlyPullPipeline` for several tables: as soon as step t+1's keys are known,
+    every table's rows that step t did not write are pulled in one request (its written rows
+    per table come from the step's id exchange); at the read, after commit t, the rows it
+    wrote, again in one request for all tables."""
+
+    def __init__(
+        self,
+        reads: TableReads,
+        committer: SparseCommitter,
+        timer: PhaseTimer,
+        timeout_s: float,
+        dims: Mapping[str, int],
+    ) -> None:
+        super().__init__(reads, committer, timer, dims)
+        self.timeout_s = timeout_s
+        # (step, unique keys, rows written by step-1 per table, the pull of the others)
+        self._early: tuple[int, dict[str, np.ndarray], dict[str, np.ndarray], TablesPull] | None
+        self._early = None
+
+    def prefetch(self, step: int, unique: TableKeys) -> None:
+        written = self.committer.written_tables
+        dependent = {n: written_by(u, written.get(n)) for n, u in unique.items()}
+        pull = self.reads.pull_async({n: u[~dependent[n]] for n, u in unique.items()})
+        self._early = (step, dict(unique), dependent, pull)
+
+    def read(self, step: int, unique: TableKeys) -> TableRows:
+        early, self._early = self._early, None
+        if early is not None and (
+            early[0] != step
+            or early[1].keys() != unique.keys()
+            or any(not np.array_equal(early[1][n], unique[n]) for n in unique)
+        ):
+            early[3].wait(self.timeout_s)  # a hint for another step: let it end
+            early = None
+        if early is None:
+            return super().read(step, unique)
+        _, _, dependent, pull = early
+        with self.timer("commit_wait"):
+            self.committer.wait_for_read(step)  # commit step-1: the rows it wrote
+        with self.timer("pull"):
+            late = self.reads.pull({n: u[dependent[n]] for n, u in unique.items()})
+            independent = pull.wait(self.timeout_s)
+            out = {}
+            for name, keys in unique.items():
+                rows = np.empty((len(keys), self.dims[name]), dtype=np.float32)
+                rows[dependent[name]] = late[name]
+                rows[~dependent[name]] = independent[name]
+                out[name] = torch.from_numpy(rows)
+        return out
+
+    def finish(self, last_step: int) -> None:
+        if self._early is not None:  # a hint for a step that never ran
+            self._early[3].wait(self.timeout_s)
+            self._early = None
+        super().finish(last_step)
 
 
 class DirectPipeline:
@@ -533,9 +598,9 @@ def _early_pull(cfg: Config) -> bool:
     its commit (a drop is a write of that step that no worker knows of in advance)."""
     return (
         cfg.cache is None
-        and cfg.tables.fused
         and cfg.train.sparse_sync == "pipelined"
         and not cfg.table.expire_after
+        and not any(t.expire_after for t in cfg.tables.tables)
         and not _catch_up(cfg)
     )
 
@@ -612,7 +677,12 @@ def make_pipeline(
             reads, committer, timer, cfg.client.rpc_timeout_s, cfg.client.compression, tables
         )
     if not cfg.tables.fused:
-        return TablesDirectPipeline(TableReads(client, cfg.tables.names, False), committer, timer)
+        reads = TableReads(client, cfg.tables.names, False)
+        if _early_pull(cfg):
+            return TablesEarlyPullPipeline(
+                reads, committer, timer, cfg.client.rpc_timeout_s, cfg.tables.dims
+            )
+        return TablesDirectPipeline(reads, committer, timer)
     return OneTable(_one_table_pipeline(cfg, client, committer, comm, dataset, timer), TABLE)
 
 
