@@ -352,27 +352,6 @@ void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float 
                             after->no_space());
 }
 
-void ShardTable::check_step_fits(const int64_t* keys, size_t n, int64_t step) const {
-  if (tiers_.memory_rows == 0 || store_) return;  // unbounded, or the SSD tier takes the rest
-  // Exact: the caller holds the step lock, and without an SSD tier a pull never inserts.
-  uint64_t held = 0, need = 0;
-  for (const Stripe& st : stripes_) {
-    std::lock_guard<std::mutex> lock(st.mu);
-    held += st.s.index.size();
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const Stripe& st = stripes_[stripe_of(keys[i])];
-    std::lock_guard<std::mutex> lock(st.mu);
-    if (!st.s.index.contains(keys[i]) && rules_.admits(keys[i])) ++need;
-  }
-  if (held + need <= tiers_.memory_rows) return;
-  throw MemoryFull(absl::StrCat(
-      "DRAM tier full: step ", step, " needs ", need, " new rows of table '", spec_.name,
-      "' beside the ", held, " held, over --ps-memory-rows ", tiers_.memory_rows,
-      " rows; no table of the step was changed.  Raise --ps-memory-rows or give the shards an "
-      "SSD tier with --ps-ssd-dir"));
-}
-
 bool ShardTable::seen_before(Stripe& st, int64_t key) {
   if (st.seen.empty()) return true;
   const uint64_t bit = mix64(static_cast<uint64_t>(key) ^ kSeenSalt) & (st.seen.size() * 64 - 1);

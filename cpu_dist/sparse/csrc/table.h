@@ -174,7 +174,7 @@ class ShardTable {
                          OptimizerKind opt, int64_t step, bool wait = true);
   // A step over several tables (commit_tables_step, tables.h) takes every table's step lock
   // (deferred here; lock_or_would_block), in name order, before it changes any table, then
-  // checks that every table's rows fit (check_step_fits), then runs commit_step_locked on each.
+  // runs each table's two halves below.
   std::unique_lock<std::shared_mutex> step_lock() const {
     return std::unique_lock<std::shared_mutex>(update_mu_, std::defer_lock);
   }
@@ -195,10 +195,6 @@ class ShardTable {
                                       OptimizerKind opt, int64_t step, bool write_ahead);
   StepResult finish_step_locked(PreparedStep& p);
   void cancel_step_locked(PreparedStep& p);
-  // Throws MemoryFull (naming the table) when the step's new rows would not fit the DRAM tier
-  // (memory_rows, no SSD tier): what commit_step_locked refuses before changing anything,
-  // asked of every table of a step before any changes.  The caller holds the step lock.
-  void check_step_fits(const int64_t* keys, size_t n, int64_t step) const;
 
   // Calls fn(key) for every row in DRAM, one stripe at a time under that stripe's lock (so
   // pulls and updates of other stripes go on).  fn must not call back into the table.

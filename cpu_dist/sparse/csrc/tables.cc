@@ -175,7 +175,6 @@ void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bo
     locks.push_back(u->table->step_lock());
     lock_or_would_block(locks.back(), wait);  // a throw unlocks the ones taken
   }
-  for (const StepUpdate* u : order) u->table->check_step_fits(u->keys, u->n, step);
   // Pass 1 of every table (rows resident and pinned); any failure cancels the ones before it,
   // so that no table takes the step.
   std::vector<ShardTable::PreparedStepPtr> prepared;
