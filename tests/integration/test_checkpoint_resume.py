@@ -149,7 +149,8 @@ def test_bad_checkpoints_stop_the_job_naming_the_file(tmp_path):
     assert f"checkpoint {shard}: truncated" in err, err[-3000:]
     shard.write_bytes(good)
     err = resume(["--embedding-dim", "16", "--arch-mlp-bot", "16-16"])
-    assert f"checkpoint {step / 'manifest.json'}: embedding dim 8, this job has dim 16" in err
+    want = f"checkpoint {step / 'manifest.json'}: table 'embedding': dim 8 in the checkpoint, 16"
+    assert want in err, err[-3000:]
     # (flipped bytes, other versions, dense-file damage: cpu_dist/checkpoint/tests)
     (step / "manifest.json").write_text("{not json")
     err = resume()
