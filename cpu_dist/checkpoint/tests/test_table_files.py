@@ -256,3 +256,59 @@ def test_tiered_shards_restore_and_save_every_table(shards, tmp_path):
     c = shards(1)
     c.client.load(*again[:3])
     assert_same(dumps(c.client), want)
+
+
+def write_format_1(path: Path, keys: np.ndarray, values: np.ndarray, state: np.ndarray) -> None:
+    """A version 1 file as checkpoint_format.h defines it (written here from that text, by
+    numpy): the fixed header, the name, rows and crc32 per partition, the header crc, blocks
+    of keys, values and one state float a row (no steps, no counts)."""
+    import struct
+    import zlib
+
+    from cpu_dist.common.contracts import NUM_PARTITIONS, partition_of
+
+    part = partition_of(keys)
+    name = b"embedding"
+    rows = np.bincount(part, minlength=NUM_PARTITIONS).astype("<u8")
+    blocks, crcs = [], np.zeros(NUM_PARTITIONS, "<u4")
+    for p in np.flatnonzero(rows):
+        at = np.flatnonzero(part == p)
+        at = at[np.argsort(keys[at])]
+        block = b"".join(
+            [keys[at].astype("<i8").tobytes(), values[at].astype("<f4").tobytes(),
+             state[at].astype("<f4").tobytes()]
+        )  # fmt: skip
+        crcs[p] = zlib.crc32(block)
+        blocks.append(block)
+    head = b"CPUDPSCK" + struct.pack(
+        "<IIIIqQII", 1, values.shape[1], 0, 1, 5, len(keys), NUM_PARTITIONS, len(name)
+    )
+    head += name + rows.tobytes() + crcs.tobytes()
+    path.write_bytes(head + struct.pack("<I", zlib.crc32(head)) + b"".join(blocks))
+
+
+def test_a_format_1_file_loads_into_the_default_table(tmp_path):
+    """Its rows and states, no counts and no last-update steps, into 2 shards."""
+    want = _format2_dump()
+    root = tmp_path / "ck"
+    root.mkdir()
+    write_format_1(root / "v1.bin", want["keys"], want["values"], want["state"])
+    servers = [
+        Server(4, TOKEN, init_scale=0.1, seed=5, shard_index=i, num_shards=2,
+               checkpoint_dir=str(root))
+        for i in range(2)
+    ]  # fmt: skip
+    for s in servers:
+        s.start()
+    try:
+        cl = Client([s.address for s in servers], TOKEN, 4, timeout_s=30.0)
+        loaded = cl.load(["v1.bin"], [], [])
+        assert sum(r["rows"] for r in loaded) == len(want["keys"])
+        k, v, st = cl.dump()
+        np.testing.assert_array_equal(k, want["keys"])
+        np.testing.assert_array_equal(v, want["values"])
+        np.testing.assert_array_equal(st, want["state"])
+        assert sum(s.stats()["pending_counts"] for s in servers) == 0
+    finally:
+        for s in servers:
+            s.stop(2.0)
