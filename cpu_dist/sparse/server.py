@@ -76,6 +76,7 @@ _DIRECT = (
 # checks): their dest, the Server keyword they set and the largest value that keyword holds.
 _TABLE = (
     ("ps_memory_rows", "memory_rows", 2**64 - 1),
+    ("ps_memory_bytes", "memory_bytes", 2**64 - 1),
     ("ps_admit_after", "admit_after", 2**32 - 1),
     ("ps_expire_after", "expire_after", 2**32 - 1),
 )
@@ -118,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to let in-flight calls finish when stopping",
     )
     add_table_flags(ap, "table (the launcher's flags of its PS ranks; a job checks they agree)")
+    ap.add_argument(
+        "--ps-memory-bytes",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="DRAM this shard keeps for rows, across all its tables (csrc/memory_budget.h; "
+        "0: no bound); beyond it rows go to --ps-ssd-dir, which it needs",
+    )
     return ap
 
 

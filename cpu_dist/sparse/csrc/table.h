@@ -55,13 +55,6 @@
 
 namespace cpu_dist::ps {
 
-// Rows with their optimizer state, as a client assembles a dump.
-struct TableDump {
-  std::vector<int64_t> keys;  // sorted ascending
-  std::vector<float> values;  // keys.size() * dim
-  std::vector<float> state;   // keys.size()
-};
-
 // A stripe has no room for another block (slots keep 16 bits of block index), or the DRAM
 // tier has no room and there is no SSD tier (MemoryFull).
 class TableFull : public std::runtime_error {
