@@ -30,10 +30,10 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
-import tomllib
 
 DIM = 64
 TABLE_ROWS = 200_000

@@ -140,7 +140,8 @@ def test_bottom_packages_import_without_the_native_modules():
 
         class Block:
             def find_spec(self, name, path=None, target=None):
-                if name in ("cpu_dist.sparse._ps", "gpu_cache._metadata"):
+                if name in ("cpu_dist.sparse._ps", "cpu_dist.sparse._ps_client",
+                            "gpu_cache._metadata"):
                     raise ImportError(f"{name} is blocked in this test")
                 return None
 
@@ -151,6 +152,7 @@ def test_bottom_packages_import_without_the_native_modules():
                 if not info.name.endswith(".tests"):
                     importlib.import_module(info.name)
         assert "cpu_dist.sparse._ps" not in sys.modules
+        assert "cpu_dist.sparse._ps_client" not in sys.modules
         print("ok")
         """
     )

@@ -26,11 +26,10 @@ import argparse
 import math
 import os
 import re
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import tomllib
 
 from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.tables import OPTIMIZERS, POOLINGS, JobTables, TableConfig
