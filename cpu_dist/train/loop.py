@@ -75,13 +75,13 @@ def make_client(
     """The job's client of the shards; ``compression`` overrides ``--ps-compression``."""
     c = cfg.client
     # A job file's tables: the client moves each (name, dim); else today's one fused table.
-    tables = {} if cfg.tables.fused else {"tables": [(t.name, t.dim) for t in cfg.tables.tables]}
+    fused = cfg.tables.fused
     return Client(
         addresses,
         token,
-        cfg.model.embedding_dim if not tables else 0,
+        cfg.model.embedding_dim if fused else 0,
         table=TABLE,
-        **tables,
+        tables=None if fused else [(t.name, t.dim) for t in cfg.tables.tables],
         max_keys_per_rpc=c.max_keys_per_rpc,
         channels_per_shard=c.channels,
         timeout_s=c.rpc_timeout_s,
