@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cpu_dist.common.files import atomic_write, file_crc32, fsync_dir
 from cpu_dist.common.flags import setting_flag
+from cpu_dist.common.tables import SPEC_KEYS
 
 FORMAT = "cpu_dist-checkpoint"
 # 2: shard files may live under the shards' own directories (shard_path); 3: the tables' specs
@@ -20,18 +21,7 @@ FORMAT_VERSION = 3
 READS_VERSIONS = (1, 2, 3)
 # What a manifest records of each table: the shard's spec (cpu_dist/common/tables.py
 # SPEC_KEYS) and the features it serves.
-TABLE_FIELDS = (
-    "name",
-    "dim",
-    "optimizer",
-    "init_scale",
-    "seed",
-    "num_embeddings",
-    "admit_after",
-    "expire_after",
-    "eps",
-    "features",
-)
+TABLE_FIELDS = (*SPEC_KEYS, "features")
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")

@@ -90,22 +90,10 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
   if (!r.read_bytes_header(PullResponse::kValuesFieldNumber, &len) || len != part.n * row_bytes ||
       r.remaining() < len)
     return malformed("");
-  std::vector<uint8_t> staged(enc == Encoding::kNone ? 0 : row_bytes);
-  for (size_t j = 0; j < part.n; ++j) {
-    float* dst = out + size_t{part.idx[j]} * dim;
-    if (enc == Encoding::kNone) {
-      r.read(dst, row_bytes);
-      continue;
-    }
-    const uint8_t* src = r.contiguous(row_bytes);
-    if (src == nullptr) {  // the row straddles two slices
-      r.read(staged.data(), row_bytes);
-      src = staged.data();
-    }
-    CodecError err;
-    if (!decode_row(enc, src, dim, dst, &err))
-      return malformed(absl::StrCat(": row ", j, ": ", describe(enc, err)));
-  }
+  size_t bad = 0;
+  CodecError err;
+  if (!client_calls::read_rows(r, enc, dim, part.idx, part.n, out, &bad, &err))
+    return malformed(absl::StrCat(": row ", bad, ": ", describe(enc, err)));
   if (seen != nullptr) {
     int64_t committed = 0;
     if (!r.read_int64_field(PullResponse::kCommittedStepFieldNumber, &committed))

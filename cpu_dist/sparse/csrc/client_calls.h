@@ -15,6 +15,7 @@
 #include "optimizer.h"
 #include "ps.pb.h"
 #include "shard_split.h"
+#include "wire.h"
 
 namespace cpu_dist::ps::client_calls {
 
@@ -47,6 +48,32 @@ inline Compression to_proto(Encoding e) { return static_cast<Compression>(encodi
   throw std::invalid_argument(absl::StrCat("gradient of key ", key, " in ", where, " (row ",
                                            f.index, "): ", describe(e, f.error),
                                            "; nothing was sent"));
+}
+
+// Reads n rows of `dim` encoded as `enc` from a reply's values field, row j into out +
+// idx[j] * dim (decoded in place; a row split over two slices is staged first).  False at the
+// first row that is no valid encoding: *bad_row and *err say which and why.
+inline bool read_rows(wire::SliceReader& r, Encoding enc, uint32_t dim, const uint32_t* idx,
+                      size_t n, float* out, size_t* bad_row, CodecError* err) {
+  const size_t row_bytes = encoded_row_bytes(enc, dim);
+  std::vector<uint8_t> staged(enc == Encoding::kNone ? 0 : row_bytes);
+  for (size_t j = 0; j < n; ++j) {
+    float* dst = out + size_t{idx[j]} * dim;
+    if (enc == Encoding::kNone) {
+      r.read(dst, row_bytes);
+      continue;
+    }
+    const uint8_t* src = r.contiguous(row_bytes);
+    if (src == nullptr) {
+      r.read(staged.data(), row_bytes);
+      src = staged.data();
+    }
+    if (!decode_row(enc, src, dim, dst, err)) {
+      *bad_row = j;
+      return false;
+    }
+  }
+  return true;
 }
 
 // The distinct keys of a pull: first() holds the position of each one's first occurrence;

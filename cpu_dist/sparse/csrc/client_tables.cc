@@ -61,25 +61,11 @@ grpc::Status decode_tables_reply(const grpc::ByteBuffer& reply, const MultiPart&
     return malformed("");
   for (const Segment& sg : part.segments) {
     const uint32_t dim = st.dims[sg.table];
-    const size_t row_bytes = encoded_row_bytes(enc, dim);
-    std::vector<uint8_t> staged(enc == Encoding::kNone ? 0 : row_bytes);
-    float* out = st.outs[sg.table];
-    for (size_t j = 0; j < sg.n; ++j) {
-      float* dst = out + size_t{sg.idx[j]} * dim;
-      if (enc == Encoding::kNone) {
-        r.read(dst, row_bytes);
-        continue;
-      }
-      const uint8_t* src = r.contiguous(row_bytes);
-      if (src == nullptr) {  // the row straddles two slices
-        r.read(staged.data(), row_bytes);
-        src = staged.data();
-      }
-      CodecError err;
-      if (!decode_row(enc, src, dim, dst, &err))
-        return malformed(
-            absl::StrCat(": table '", names[sg.table], "' row ", j, ": ", describe(enc, err)));
-    }
+    size_t bad = 0;
+    CodecError err;
+    if (!client_calls::read_rows(r, enc, dim, sg.idx, sg.n, st.outs[sg.table], &bad, &err))
+      return malformed(
+          absl::StrCat(": table '", names[sg.table], "' row ", bad, ": ", describe(enc, err)));
   }
   if (!st.seen.empty() && st.seen.front() != nullptr) {
     int64_t committed = 0;
