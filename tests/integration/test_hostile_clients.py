@@ -46,6 +46,7 @@ METHODS = [
     "Shutdown",
     "Save",
     "Load",
+    "CreateTables",
 ]
 
 
@@ -75,9 +76,12 @@ def shard(tmp_path):
     srv.stop(2.0)
 
 
-def snapshot(cl: Client) -> tuple[bytes, bytes, bytes]:
+def snapshot(cl: Client) -> tuple:
+    """The flag-declared table's rows, and every table's name, width and row count (a fuzzed
+    CreateTables may add tables; a refused request must change none)."""
     k, v, s = cl.dump()
-    return k.tobytes(), v.tobytes(), s.tobytes()
+    tables = tuple((t["name"], t["dim"], t["rows"]) for t in cl.stats()[0]["tables"])
+    return k.tobytes(), v.tobytes(), s.tobytes(), tables
 
 
 def call(channel, method: str, payload: bytes, timeout: float = 10.0, token: str = TOKEN):
@@ -94,61 +98,64 @@ def valid_request(pb, method: str, rng: np.random.Generator):
     n = int(rng.integers(0, 20))
     keys = rng.integers(-(2**40), 2**40, n).astype(np.int64).tobytes()
     grads = rng.standard_normal((n, DIM)).astype(np.float32).tobytes()
-    common: dict = {}
+    # Half of the data requests in the one-table form (table, dim), half with parts (the
+    # multi-table form, here naming the one table: fields mutated later may name others).
+    table: dict = (
+        {"table": b"embedding", "dim": DIM}
+        if rng.integers(0, 2)
+        else {"parts": [pb.TablePart(table=b"embedding", dim=DIM, count=n, lr=0.01)]}
+    )
     if method == "Pull":
-        return pb.PullRequest(**common, table=b"embedding", dim=DIM, keys=keys)
+        return pb.PullRequest(**table, keys=keys)
     if method == "Push":
         return pb.PushRequest(
-            **common,
-            table=b"embedding",
-            dim=DIM,
-            keys=keys,
-            grads=grads,
-            lr=0.01,
-            optimizer=int(rng.integers(0, 2)),
+            **table, keys=keys, grads=grads, lr=0.01, optimizer=int(rng.integers(0, 2))
         )
     if method == "Commit":
         return pb.CommitRequest(
-            **common,
-            table=b"embedding",
+            **table,
             session=int(rng.integers(1, 4)),
             step=0,
             rank=0,
             world_size=int(rng.integers(1, 3)),
             chunk_index=0,
             chunk_count=1,
-            dim=DIM,
             lr=0.01,
             keys=keys,
             grads=grads,
         )
+    if method == "CreateTables":
+        spec = pb.TableSpec(
+            name=pick(rng, [b"embedding", b"fuzz", b"fuzz"]),
+            dim=int(pick(rng, [DIM, 8])),
+            optimizer=int(rng.integers(0, 3)),
+            init_scale=0.1,
+            seed=3,
+        )
+        return pb.CreateTablesRequest(tables=[spec])
     if method == "WaitCommitted":
         return pb.WaitCommittedRequest(
-            **common, session=int(rng.integers(1, 4)), step=pick(rng, [-1, -1, -1, 0, 1])
+            session=int(rng.integers(1, 4)), step=pick(rng, [-1, -1, -1, 0, 1])
         )
     if method == "CloseSession":
-        return pb.CloseSessionRequest(
-            **common, session=int(rng.integers(1, 4)), rank=int(rng.integers(0, 3))
-        )
+        return pb.CloseSessionRequest(session=int(rng.integers(1, 4)), rank=int(rng.integers(0, 3)))
     if method == "Dump":
         return pb.DumpRequest(
-            **common, table=b"embedding", partition=int(rng.integers(0, 4096)), max_bytes=4096
+            table=b"embedding", partition=int(rng.integers(0, 4096)), max_bytes=4096
         )
     if method == "Save":
         return pb.SaveRequest(
-            **common,
             table=b"embedding",
             path=pick(rng, [b"f/a.bin", b"b.bin"]),
             step=int(rng.integers(0, 5)),
         )
     if method == "Load":
         return pb.LoadRequest(
-            **common,
             table=b"embedding",
             paths=[pick(rng, [b"f/a.bin", b"b.bin", b"none.bin"])],
             stage=int(rng.integers(0, 4)),
         )
-    return getattr(pb, f"{method}Request")(**common)
+    return getattr(pb, f"{method}Request")()
 
 
 def pick(rng: np.random.Generator, options: list):
@@ -157,8 +164,8 @@ def pick(rng: np.random.Generator, options: list):
 
 def random_value(field, rng: np.random.Generator):
     t = field.type
-    if field.name == "table":
-        return pick(rng, [b"embedding", b"embedding", b"other", b"\xff\xfe\x00", b""])
+    if field.name in ("table", "name"):  # a request's table, a TableSpec's name
+        return pick(rng, [b"embedding", b"embedding", b"other", b"fuzz", b"\xff\xfe\x00", b""])
     if field.name == "path":
         return random_value_scalar(field, rng)
     if t == field.TYPE_BYTES:
@@ -198,7 +205,14 @@ def mutate_fields(msg, rng: np.random.Generator):
         return mutate_bytes(msg.SerializeToString(), rng)
     for _ in range(int(rng.integers(1, 4))):
         f = fields[int(rng.integers(0, len(fields)))]
-        if f.is_repeated:  # Load's paths, sizes, checksums
+        if f.message_type is not None:  # parts, CreateTables' specs: random sub-messages
+            del getattr(msg, f.name)[:]
+            for _ in range(int(rng.integers(0, 3))):
+                sub = getattr(msg, f.name).add()
+                for sf in sub.DESCRIPTOR.fields:
+                    if rng.integers(0, 2):
+                        setattr(sub, sf.name, random_value(sf, rng))
+        elif f.is_repeated:  # Load's paths, sizes, checksums
             del getattr(msg, f.name)[:]
             getattr(msg, f.name).extend(
                 [random_value_scalar(f, rng) for _ in range(int(rng.integers(0, 3)))]
