@@ -423,32 +423,23 @@ std::shared_ptr<AsyncOp> PsClient::commit_async(const CommitPoint& at, const Gra
   // No merging: the shard sums per key in rank then chunk order, which is input order.
   const ShardSplit split(g.keys, g.n, nullptr, limits(), SplitRule::kChunkEveryShard,
                          next_channel_base());
+  const Encoding enc = opts_.compression;
   CommitRequest head;
+  set_commit_head(&head, at, enc);
   head.set_table(opts_.table);
-  head.set_session(at.session);
-  head.set_step(at.step);
-  head.set_rank(at.rank);
-  head.set_world_size(at.world_size);
-  head.set_max_ahead(at.max_ahead);
-  head.set_base_step(at.base_step);
   head.set_dim(opts_.dim);
   head.set_lr(g.lr);
   head.set_optimizer(to_proto(g.optimizer));
-  const Encoding enc = opts_.compression;
-  head.set_compression(to_proto(enc));
   const PartPayload payload{g.keys,    CommitRequest::kKeysFieldNumber,
                             g.grads,   CommitRequest::kGradsFieldNumber,
                             opts_.dim, enc};
   Calls calls;
   for (const Part& p : split.parts()) {
-    head.set_chunk_index(p.index);
-    head.set_chunk_count(p.count);
+    set_chunk(&head, p.index, p.count);
     Call& c = add_part_call(calls, p, kCommit, TrafficKind::kPush, enc);
     c.idempotent = true;  // the shard acknowledges an identical chunk again
     if (auto failed = ShardSplit::serialize(p, head, payload, &c.request))
-      refuse_gradient(
-          *failed, g.keys[failed->index], enc,
-          absl::StrCat("commit of session ", at.session, " step ", at.step, " rank ", at.rank));
+      refuse_gradient(*failed, g.keys[failed->index], enc, commit_where(at));
   }
   return run_async(std::move(calls));
 }

@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "client.h"
 #include "codec.h"
 #include "optimizer.h"
 #include "ps.pb.h"
@@ -41,6 +42,29 @@ inline Optimizer to_proto(OptimizerKind k) {  // equal values (optimizer.h)
 }
 
 inline Compression to_proto(Encoding e) { return static_cast<Compression>(encoding_to_wire(e)); }
+
+// The head every commit request shares, one table's or many tables': where the commit
+// belongs and how its rows are encoded.  Each RPC then names its chunk (set_chunk).
+inline void set_commit_head(CommitRequest* head, const CommitPoint& at, Encoding enc) {
+  head->set_session(at.session);
+  head->set_step(at.step);
+  head->set_rank(at.rank);
+  head->set_world_size(at.world_size);
+  head->set_max_ahead(at.max_ahead);
+  head->set_base_step(at.base_step);
+  head->set_compression(to_proto(enc));
+}
+
+// A commit RPC's chunk: `index` of its shard's `count` chunks.
+inline void set_chunk(CommitRequest* head, uint32_t index, uint32_t count) {
+  head->set_chunk_index(index);
+  head->set_chunk_count(count);
+}
+
+// What a refused commit gradient's error names: "commit of session S step T rank R".
+inline std::string commit_where(const CommitPoint& at) {
+  return absl::StrCat("commit of session ", at.session, " step ", at.step, " rank ", at.rank);
+}
 
 // A gradient row the client's encoding cannot carry: refused before anything is sent.
 [[noreturn]] inline void refuse_gradient(const EncodeFailure& f, int64_t key, Encoding e,

@@ -18,11 +18,14 @@ namespace cpu_dist::ps {
 namespace {
 
 using client_calls::check_count;
+using client_calls::commit_where;
 using client_calls::FirstOccurrences;
 using client_calls::kCommit;
 using client_calls::kPull;
 using client_calls::kPush;
 using client_calls::refuse_gradient;
+using client_calls::set_chunk;
+using client_calls::set_commit_head;
 using client_calls::to_proto;
 
 // What a multi-table pull's decoders share (they may outlive the call that planned them):
@@ -129,6 +132,45 @@ void set_parts(Head* head, const MultiPart& part, const std::vector<ClientTable>
   }
 }
 
+// What a multi-table push or commit sends, per table of the call (in table order): the keys
+// to split (a push's merged ones), the keys and gradients its RPCs carry, the table's index
+// among the client's tables, and its lr.
+struct TablesGrads {
+  std::vector<TableKeys> split_in;
+  std::vector<TablePayload> payloads;
+  std::vector<uint32_t> table_of;
+  std::vector<float> lrs;
+
+  void add(const ClientTable& t, uint32_t table, const int64_t* keys, const float* rows, size_t n,
+           float lr) {
+    split_in.push_back(TableKeys{keys, n, nullptr, table_salt(t.name)});
+    payloads.push_back(TablePayload{keys, rows, t.dim});
+    table_of.push_back(table);
+    lrs.push_back(lr);
+  }
+};
+
+// One RPC of a multi-table push or commit (Head: PushRequest or CommitRequest): its traffic,
+// its tables (set_parts; every table of the call when `every_table`), and its keys and
+// gradients after `head`.  A gradient the encoding cannot carry is refused naming `what`
+// ("push of", "commit of session S step T rank R") and the table.
+template <class Head>
+void fill_tables_call(Call& c, const MultiPart& p, Head* head, const TablesGrads& grads,
+                      const std::vector<ClientTable>& tables, Encoding enc, bool every_table,
+                      const std::string& what) {
+  c.traffic = TrafficKind::kPush;
+  c.traffic_keys = p.n;
+  for (const Segment& sg : p.segments)
+    c.traffic_bytes +=
+        sg.n * (sizeof(int64_t) + encoded_row_bytes(enc, grads.payloads[sg.table].dim));
+  set_parts(head, p, tables, grads.table_of, grads.lrs, every_table);
+  if (auto failed = MultiSplit::serialize(p, *head, grads.payloads, Head::kKeysFieldNumber,
+                                          Head::kGradsFieldNumber, enc, &c.request))
+    refuse_gradient(
+        *failed, grads.payloads[failed->table].keys[failed->index], enc,
+        absl::StrCat(what, " table '", tables[grads.table_of[failed->table]].name, "'"));
+}
+
 }  // namespace
 
 // ---- pull -----------------------------------------------------------------------------------
@@ -207,10 +249,7 @@ std::shared_ptr<AsyncOp> PsClient::push_tables_async(const std::vector<TableGrad
   const std::vector<TableGradients> parts = in_table_order(in);
   // Merge duplicates per table here (in order) so that splitting never applies a key twice.
   std::vector<std::unique_ptr<RowAccumulator>> accs;
-  std::vector<TableKeys> split_in;
-  std::vector<TablePayload> payloads;
-  std::vector<uint32_t> table_of;
-  std::vector<float> lrs;
+  TablesGrads grads;
   for (const TableGradients& g : parts) {
     check_count(g.n);
     const ClientTable& t = opts_.tables[g.table];
@@ -218,30 +257,18 @@ std::shared_ptr<AsyncOp> PsClient::push_tables_async(const std::vector<TableGrad
     RowAccumulator& acc = *accs.back();
     acc.reserve(g.n);
     acc.add(g.keys, g.grads, g.n);
-    split_in.push_back(TableKeys{acc.keys().data(), acc.size(), nullptr, table_salt(t.name)});
-    payloads.push_back(TablePayload{acc.keys().data(), acc.sums().data(), t.dim});
-    table_of.push_back(g.table);
-    lrs.push_back(g.lr);
+    grads.add(t, g.table, acc.keys().data(), acc.sums().data(), acc.size(), g.lr);
   }
-  const MultiSplit split(split_in, limits(), SplitRule::kSpreadOverChannels, next_channel_base());
+  const MultiSplit split(grads.split_in, limits(), SplitRule::kSpreadOverChannels,
+                         next_channel_base());
   const Encoding enc = opts_.compression;
   PushRequest head;
   head.set_compression(to_proto(enc));
   if (optimizer) head.set_optimizer(to_proto(*optimizer));
   Calls calls;
-  for (const MultiPart& p : split.parts()) {
-    Call& c = add_call(calls, p.shard, p.channel, kPush);
-    c.traffic = TrafficKind::kPush;
-    c.traffic_keys = p.n;
-    for (const Segment& sg : p.segments)
-      c.traffic_bytes += sg.n * (sizeof(int64_t) + encoded_row_bytes(enc, payloads[sg.table].dim));
-    set_parts(&head, p, opts_.tables, table_of, lrs, false);
-    if (auto failed = MultiSplit::serialize(p, head, payloads, PushRequest::kKeysFieldNumber,
-                                            PushRequest::kGradsFieldNumber, enc, &c.request))
-      refuse_gradient(
-          *failed, accs[failed->table]->keys()[failed->index], enc,
-          absl::StrCat("push of table '", opts_.tables[table_of[failed->table]].name, "'"));
-  }
+  for (const MultiPart& p : split.parts())
+    fill_tables_call(add_call(calls, p.shard, p.channel, kPush), p, &head, grads, opts_.tables, enc,
+                     false, "push of");
   return run_async(std::move(calls));
 }
 
@@ -250,46 +277,24 @@ std::shared_ptr<AsyncOp> PsClient::commit_tables_async(const CommitPoint& at,
                                                        std::optional<OptimizerKind> optimizer) {
   const std::vector<TableGradients> parts = in_table_order(in);
   // No merging: the shard sums per key in rank then chunk order, which is input order.
-  std::vector<TableKeys> split_in;
-  std::vector<TablePayload> payloads;
-  std::vector<uint32_t> table_of;
-  std::vector<float> lrs;
+  TablesGrads grads;
   for (const TableGradients& g : parts) {
     check_count(g.n);
-    const ClientTable& t = opts_.tables[g.table];
-    split_in.push_back(TableKeys{g.keys, g.n, nullptr, table_salt(t.name)});
-    payloads.push_back(TablePayload{g.keys, g.grads, t.dim});
-    table_of.push_back(g.table);
-    lrs.push_back(g.lr);
+    grads.add(opts_.tables[g.table], g.table, g.keys, g.grads, g.n, g.lr);
   }
-  const MultiSplit split(split_in, limits(), SplitRule::kChunkEveryShard, next_channel_base());
+  const MultiSplit split(grads.split_in, limits(), SplitRule::kChunkEveryShard,
+                         next_channel_base());
   const Encoding enc = opts_.compression;
   CommitRequest head;
-  head.set_session(at.session);
-  head.set_step(at.step);
-  head.set_rank(at.rank);
-  head.set_world_size(at.world_size);
-  head.set_max_ahead(at.max_ahead);
-  head.set_base_step(at.base_step);
-  head.set_compression(to_proto(enc));
+  set_commit_head(&head, at, enc);
   if (optimizer) head.set_optimizer(to_proto(*optimizer));
+  const std::string where = commit_where(at);
   Calls calls;
   for (const MultiPart& p : split.parts()) {
-    head.set_chunk_index(p.index);
-    head.set_chunk_count(p.count);
+    set_chunk(&head, p.index, p.count);
     Call& c = add_call(calls, p.shard, p.channel, kCommit);
     c.idempotent = true;  // the shard acknowledges an identical chunk again
-    c.traffic = TrafficKind::kPush;
-    c.traffic_keys = p.n;
-    for (const Segment& sg : p.segments)
-      c.traffic_bytes += sg.n * (sizeof(int64_t) + encoded_row_bytes(enc, payloads[sg.table].dim));
-    set_parts(&head, p, opts_.tables, table_of, lrs, true);
-    if (auto failed = MultiSplit::serialize(p, head, payloads, CommitRequest::kKeysFieldNumber,
-                                            CommitRequest::kGradsFieldNumber, enc, &c.request))
-      refuse_gradient(
-          *failed, parts[failed->table].keys[failed->index], enc,
-          absl::StrCat("commit of session ", at.session, " step ", at.step, " rank ", at.rank,
-                       " table '", opts_.tables[table_of[failed->table]].name, "'"));
+    fill_tables_call(c, p, &head, grads, opts_.tables, enc, true, where);
   }
   return run_async(std::move(calls));
 }
