@@ -219,25 +219,23 @@ class Handle(Generic[_T]):
         holds every commit of the session that touched it, and none after (int64 min where the
         shard gave no bound); None otherwise."""
     def row_states(self) -> npt.NDArray[np.float32] | None:
-        """Of a finished pull with row_states: per row, its optimizer state; None otherwise."""
+        """Of a finished pull with row_states: the rows' optimizer states, float32 [n] (sgd,
+        row-wise Adagrad) or [n, dim] (Adagrad); None otherwise."""
 
 class TablesHandle:
-    """A multi-table pull in flight (Client.pull_tables_async).  Dropping it is safe."""
+    """A multi-table pull in flight (Client.pull_tables_async): Handle's methods, each
+    giving {table: what Handle's gives} for every table of the pull."""
 
     def wait(self, timeout_s: float | None = None) -> dict[str, npt.NDArray[np.float32]]:
-        """Wait until done: {table: float32 rows [n, dim of that table]} (new arrays).
-        PSError on failure, TimeoutError on timeout; None waits forever."""
+        """As Handle.wait: {table: float32 rows [n, dim of that table]} (new arrays)."""
     def done(self) -> bool: ...
     def committed_step(self) -> int | None:
-        """Of a finished pull that named a session: the minimum committed step of the shards
-        it touched, every table's (-1: none has one yet); None otherwise."""
+        """As Handle.committed_step, over every table's shards."""
     def row_steps(self) -> dict[str, npt.NDArray[np.int64]] | None:
-        """Of a finished pull with row_steps: {table: per row, the session step up to which
-        the row holds every commit of the session that touched it (int64 min: no bound)};
-        None otherwise."""
+        """As Handle.row_steps: {table: int64 per row}."""
     def row_states(self) -> dict[str, npt.NDArray[np.float32]] | None:
-        """Of a finished pull with row_states: {table: float32 [n] (sgd: zeros, row-wise
-        Adagrad) or [n, dim] (Adagrad)}; None otherwise."""
+        """As Handle.row_states: {table: float32 [n] (sgd: zeros, row-wise Adagrad) or
+        [n, dim] (Adagrad)}."""
 
 # A push's or commit's share of one table: (keys [n], grads float32 [n, dim of the table], lr).
 _TableUpdate = tuple[npt.ArrayLike, npt.ArrayLike, float]

@@ -99,37 +99,48 @@ py::object TablesHandle::row_states() const {
   return std::move(out);
 }
 
+namespace {
+
+// The docstrings of Handle and TablesHandle: one text, each class filling in only what it
+// returns (a pull's rows, or {table: rows}).
+struct HandleDocs {
+  std::string wait, committed_step, row_steps, row_states;
+};
+
+HandleDocs handle_docs(const std::string& rows, const std::string& steps,
+                       const std::string& states) {
+  return HandleDocs{
+      "Wait until done: " + rows + ".  Raises PSError on failure, TimeoutError on timeout.",
+      "Of a finished pull that named a session: the minimum committed step of the shards it "
+      "touched (-1: none of them has one); None otherwise.",
+      "Of a finished pull that asked for row_steps: " + steps +
+          ", the session step up to which the row holds every commit of the session that "
+          "touched it (and none after); int64 min where the shard gave no bound.  None otherwise.",
+      "Of a finished pull that asked for row_states: " + states +
+          ", the rows' optimizer states.  None otherwise."};
+}
+
+template <class H>
+void def_handle(py::module_& m, const char* name, const char* doc, const HandleDocs& d) {
+  py::class_<H>(m, name, doc)
+      .def("wait", &H::wait, py::arg("timeout_s") = py::none(), d.wait.c_str())
+      .def("done", &H::done)
+      .def("committed_step", &H::committed_step, d.committed_step.c_str())
+      .def("row_steps", &H::row_steps, d.row_steps.c_str())
+      .def("row_states", &H::row_states, d.row_states.c_str());
+}
+
+}  // namespace
+
 void bind_handle(py::module_& m) {
-  py::class_<Handle>(m, "Handle", "An asynchronous pull, push or commit in flight.")
-      .def("wait", &Handle::wait, py::arg("timeout_s") = py::none(),
-           "Wait until done: None for a push or commit, the rows for a pull.  Raises PSError "
-           "on failure, TimeoutError on timeout.")
-      .def("done", &Handle::done)
-      .def("committed_step", &Handle::committed_step,
-           "Of a finished pull that named a session: the minimum committed step of the shards "
-           "it touched (-1: none of them has one); None otherwise.")
-      .def("row_steps", &Handle::row_steps,
-           "Of a finished pull that asked for row_steps: int64 per row, the session step up "
-           "to which the row holds every commit of the session that touched it (and none "
-           "after); int64 min where the shard gave no bound.  None otherwise.")
-      .def("row_states", &Handle::row_states,
-           "Of a finished pull that asked for row_states: float32 per row, its optimizer "
-           "state (row-wise Adagrad's accumulator).  None otherwise.");
-  py::class_<TablesHandle>(m, "TablesHandle", "An asynchronous multi-table pull in flight.")
-      .def("wait", &TablesHandle::wait, py::arg("timeout_s") = py::none(),
-           "Wait until done: {table: float32 rows [n, dim of that table]}.  Raises PSError on "
-           "failure, TimeoutError on timeout.")
-      .def("done", &TablesHandle::done)
-      .def("committed_step", &TablesHandle::committed_step,
-           "Of a finished pull that named a session: the minimum committed step of the shards "
-           "it touched (-1: none of them has one); None otherwise.")
-      .def("row_steps", &TablesHandle::row_steps,
-           "Of a finished pull that asked for row_steps: {table: int64 per row}, the session "
-           "step up to which the row holds every commit of the session that touched it (int64 "
-           "min where the shard gave no bound).  None otherwise.")
-      .def("row_states", &TablesHandle::row_states,
-           "Of a finished pull that asked for row_states: {table: float32 [n] (sgd, row-wise "
-           "Adagrad) or [n, dim] (Adagrad)}, the rows' optimizer states.  None otherwise.");
+  // Per row of a pull of one table; a multi-table pull's are {table: the same}.
+  const std::string steps = "int64 per row";
+  const std::string states = "float32 [n] (sgd, row-wise Adagrad) or [n, dim] (Adagrad)";
+  def_handle<Handle>(m, "Handle", "An asynchronous pull, push or commit in flight.",
+                     handle_docs("None for a push or commit, the rows for a pull", steps, states));
+  def_handle<TablesHandle>(m, "TablesHandle", "An asynchronous multi-table pull in flight.",
+                           handle_docs("{table: float32 rows [n, dim of that table]}",
+                                       "{table: " + steps + "}", "{table: " + states + "}"));
 }
 
 }  // namespace cpu_dist::python
