@@ -10,9 +10,7 @@ the typed :class:`~cpu_dist.common.config.Config`; defaults come from its datacl
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
 
 from cpu_dist.common.config import (
     CacheConfig,
@@ -25,6 +23,7 @@ from cpu_dist.common.config import (
     TableConfig,
     TrainConfig,
 )
+from cpu_dist.common.first_rank import FirstRankParser
 from cpu_dist.common.job_file import JobFileError, apply_job_defaults
 from cpu_dist.common.tables import OPTIMIZERS
 
@@ -412,7 +411,7 @@ def _add_checkpoint_and_output_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _FirstRankParser(
+    p = FirstRankParser(
         prog="launcher.py",
         description="Train a DLRM across MPI worker ranks and C++ parameter-server ranks.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -427,37 +426,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_flags(p)
     _add_checkpoint_and_output_flags(p)
     return p
-
-
-# Where a launcher puts the task's rank before MPI_Init (OpenMPI's mpirun, PMIx, MPICH's hydra,
-# srun): argparse runs before MPI is up, and only the first rank should speak for all.
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-
-
-def launch_rank(environ: Mapping[str, str] | None = None) -> int:
-    """This task's rank as its launcher announced it (0 when started alone)."""
-    env = os.environ if environ is None else environ
-    for name in _RANK_VARS:
-        value = env.get(name, "").strip()
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-class _FirstRankParser(argparse.ArgumentParser):
-    """Every rank parses the same argv and reaches the same verdict; only rank 0 prints it
-    (usage, an unknown flag, --help), so a bad flag is reported once, not by every rank.
-
-    The other ranks leave with status 0: MPI is not initialised yet, and mpirun kills the
-    remaining ranks as soon as one exits non-zero, which could be before rank 0 has printed
-    the message.  The job's status is rank 0's (2)."""
-
-    def _print_message(self, message: str, file: Any = None) -> None:
-        if launch_rank() == 0:
-            super()._print_message(message, file)
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        super().exit(status if launch_rank() == 0 else 0, message)
 
 
 def given_flags(argv: Sequence[str] | None) -> frozenset[str]:

@@ -5,10 +5,11 @@ Every rank runs them on the same argv, so every rank reaches the same verdict.""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 from cpu_dist.common.config import (
     CacheConfig,
@@ -23,24 +24,27 @@ from cpu_dist.common.config import (
     TrainConfig,
 )
 from cpu_dist.common.contracts import default_init_scale
-from cpu_dist.common.files import (
-    OutputError,
-    check_output_dir,
-    check_output_file,
-    describe_dir,
-    is_export_bundle,
-    is_metrics_log,
-    is_state_dump,
-    is_tensorboard_dir,
-    manifest_format,
-)
-from cpu_dist.common.flags import launch_rank
-from cpu_dist.common.job_file import JobFileError, TableDefaults, job_tables, read_job_file
-from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
+from cpu_dist.common.files import OutputError
+from cpu_dist.common.first_rank import launch_rank
+from cpu_dist.common.flag_warnings import ineffective_flags
+from cpu_dist.common.job_file import JobFileError
+from cpu_dist.common.job_file_checks import check_cache_tables, check_rows_budget, job_file_tables
+from cpu_dist.common.output_checks import check_outputs
+from cpu_dist.common.tables import FROM_FLAGS, JobTables
 
 
 class ConfigError(ValueError):
     """A flag or flag combination that cannot work; the message names the flag."""
+
+
+@contextlib.contextmanager
+def _as_config_error() -> Iterator[None]:
+    """The job file's checks (``job_file_checks``) raise JobFileError: the same message, as
+    every other refusal of the flags."""
+    try:
+        yield
+    except JobFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def mlp_widths(spec: str, flag: str) -> tuple[int, ...]:
@@ -286,48 +290,6 @@ def _client(a: argparse.Namespace) -> ClientConfig:
     )
 
 
-def job_file_tables(a: argparse.Namespace, train: TrainConfig) -> JobTables | None:
-    """The tables of the ``--config`` job file (None: no job file, or one without
-    ``[[tables]]``: the flags declare the one table).  A table that omits a key takes the
-    flags' value (``--embedding-dim``, ``--sparse-optimizer``, ``--sparse-lr``,
-    ``--init-scale``, ``--ps-admit-after``, ``--ps-expire-after``)."""
-    path = getattr(a, "config", None)
-    if not path:
-        return None
-    for flag, value in (
-        ("--num-embeddings-per-feature", a.num_embeddings_per_feature),
-        ("--max-ind-range", a.max_ind_range),
-    ):
-        if value is not None:
-            raise ConfigError(
-                f"{flag}: refused beside a job file (--config {path}): give each table its "
-                "num_embeddings"
-            )
-    for flag, value in (
-        ("--ps-admit-after", a.ps_admit_after),
-        ("--ps-expire-after", a.ps_expire_after),
-    ):
-        if value < 0:
-            raise ConfigError(f"{flag} {value}: must be >= 0")
-    try:
-        job_file = getattr(a, "job_file", None) or read_job_file(path)
-        return job_tables(
-            job_file,
-            TableDefaults(
-                dim=a.embedding_dim,
-                optimizer=a.sparse_optimizer,
-                lr=train.sparse_lr,
-                init_scale=a.init_scale,
-                admit_after=a.ps_admit_after,
-                expire_after=a.ps_expire_after,
-            ),
-            CATEGORICAL_FEATURES,  # every data kind's: Criteo's and the synthetic stream's
-            a.data,
-        )
-    except JobFileError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
     for flag, value in (
         ("--ps-memory-rows", a.ps_memory_rows),
@@ -342,12 +304,8 @@ def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
             "--ps-memory-rows and --ps-memory-bytes: give one DRAM budget (bytes count every "
             "row's values, state, key and metadata, whatever its table's width)"
         )
-    if tables is not None and len(tables.tables) > 1 and a.ps_memory_rows:
-        raise ConfigError(
-            f"--ps-memory-rows with {len(tables.tables)} tables (--config {tables.source}): "
-            "rows of different widths cost different memory; give the budget in bytes, "
-            "--ps-memory-bytes N"
-        )
+    with _as_config_error():
+        check_rows_budget(a, tables)
     if a.ps_memory_bytes and not a.ps_ssd_dir:
         raise ConfigError(
             f"--ps-memory-bytes {a.ps_memory_bytes} needs --ps-ssd-dir DIR: the shards evict "
@@ -371,13 +329,8 @@ def _cache(
         if a.optimization_prescan:
             raise ConfigError("--optimization-prescan needs --read-mode bagpipe")
         return None
-    if tables is not None:
-        many = f"{len(tables.tables)} tables" if len(tables.tables) > 1 else "a table"
-        raise ConfigError(
-            f"--read-mode bagpipe with {many} of a job file (--config {tables.source}): the "
-            "cache stage serves the flags' one fused table only for now (a later version "
-            "makes it per table); drop --read-mode bagpipe or the job file's [[tables]]"
-        )
+    with _as_config_error():
+        check_cache_tables(tables)
     if a.optimization_cache_capacity <= 0:
         raise ConfigError(
             f"--optimization-cache-capacity {a.optimization_cache_capacity}: "
@@ -462,139 +415,17 @@ def _output(a: argparse.Namespace) -> OutputConfig:
     )
 
 
-def _check_checkpoint_kind(d: str) -> None:
-    """Checkpoints go into ``step-NNNNNNNN/`` folders under ``--checkpoint-dir`` (and old ones
-    are pruned there): a directory of another kind is no place for them."""
-    p = Path(d)
-    if p.is_dir() and (manifest_format(p) is not None or (p / "part.json").exists()):
-        raise ConfigError(
-            f"--checkpoint-dir {d}: is {describe_dir(p)}, not a checkpoint directory "
-            "(checkpoints go into step-NNNNNNNN/ folders under it); give its own directory"
-        )
-
-
-def check_outputs(a: argparse.Namespace) -> None:
-    """Nothing a flag names is overwritten unless it is an earlier output of the same kind:
-    each output path is missing, empty, or of its own kind, and no two paths (outputs, data,
-    checkpoints) are the same."""
-    try:
-        if a.export:
-            check_output_dir(a.export, "--export", "an export bundle", is_export_bundle)
-        if a.tensorboard:
-            check_output_dir(
-                a.tensorboard, "--tensorboard", "TensorBoard event files", is_tensorboard_dir
-            )
-        if a.dump_state:
-            check_output_file(a.dump_state, "--dump-state", "a state dump (.npz)", is_state_dump)
-        if a.metrics_out:
-            check_output_file(
-                a.metrics_out, "--metrics-out", "a metrics log (JSON lines)", is_metrics_log
-            )
-    except OutputError as exc:
-        raise ConfigError(str(exc)) from None
-    if a.checkpoint_dir:
-        _check_checkpoint_kind(a.checkpoint_dir)
-    named = [
-        (flag, os.path.realpath(path))
-        for flag, path in (
-            ("--export", a.export),
-            ("--tensorboard", a.tensorboard),
-            ("--dump-state", a.dump_state),
-            ("--metrics-out", a.metrics_out),
-            ("--checkpoint-dir", a.checkpoint_dir),
-            ("--data-path", a.data_path),
-            ("--ps-ssd-dir", a.ps_ssd_dir),
-            ("--token-file", a.token_file),
-        )
-        if path
-    ]
-    for i, (flag, path) in enumerate(named):
-        for other, other_path in named[i + 1 :]:
-            if path == other_path:
-                raise ConfigError(
-                    f"{flag} and {other} name the same path {path}: one would overwrite the other"
-                )
-
-
-def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
-    """Flags the command line gave (``a.given``, from ``flags.parse_args``) that change nothing
-    in the chosen mode: a warning each, so that a user learns the setting was not applied."""
-    given: frozenset[str] = getattr(a, "given", frozenset())
-    external = job.external_shards
-    rules = [
-        ("max_staleness", a.sparse_sync != "async", "--max-staleness", "--sparse-sync async"),
-        ("zipf_exponent", a.data != "synthetic", "--zipf-exponent", "--data synthetic"),
-        (
-            "checkpoint_keep",
-            not a.checkpoint_dir,
-            "--checkpoint-keep",
-            "--checkpoint-dir",
-        ),
-        ("checkpoint_timeout", not a.checkpoint_dir, "--checkpoint-timeout", "--checkpoint-dir"),
-        ("reuse_shard_rows", not external, "--reuse-shard-rows", "external --ps_list shards"),
-        ("token_file", not external, "--token-file", "external --ps_list shards"),
-        ("ps_host", external, "--ps-host", "PS ranks in the job"),
-        ("ps_interface", external, "--ps-interface", "PS ranks in the job"),
-        ("session_idle_timeout", external, "--session-idle-timeout", "PS ranks in the job"),
-        ("ps_memory_rows", external, "--ps-memory-rows", "PS ranks in the job"),
-        ("ps_memory_bytes", external, "--ps-memory-bytes", "PS ranks in the job"),
-        ("ps_ssd_dir", external, "--ps-ssd-dir", "PS ranks in the job"),
-        (
-            "optimization_plan_window",
-            not a.optimization_prescan,
-            "--optimization-plan-window",
-            "--optimization-prescan",
-        ),
-    ]
-    out = [
-        f"{flag} has no effect without {needs}"
-        for dest, unused, flag, needs in rules
-        if dest in given and unused
-    ]
-    if a.read_mode != "bagpipe":
-        for dest in ("optimization_cache_capacity", "optimization_bypass_below"):
-            if dest in given:
-                out.append(f"--{dest.replace('_', '-')} has no effect without --read-mode bagpipe")
-    return out + _table_defaults_unused(a, given)
-
-
-# The flags that are the defaults of a job file's tables, and the table key each stands for.
-_TABLE_DEFAULT_FLAGS = (
-    ("embedding_dim", "dim"),
-    ("sparse_optimizer", "optimizer"),
-    ("sparse_lr", "lr"),
-    ("init_scale", "init_scale"),
-    ("ps_admit_after", "admit_after"),
-    ("ps_expire_after", "expire_after"),
-)
-
-
-def _table_defaults_unused(a: argparse.Namespace, given: frozenset[str]) -> list[str]:
-    """A table-default flag given where every table of the job file sets that key itself (a
-    table's own keys are never overridden).  ``--embedding-dim`` still sets the model's width
-    when the tables' widths differ, so it is named only when they are one."""
-    job_file = getattr(a, "job_file", None)
-    if job_file is None or not job_file.tables:
-        return []
-    entries = job_file.tables
-    out = []
-    for dest, key in _TABLE_DEFAULT_FLAGS:
-        if dest not in given or not all(key in t for t in entries):
-            continue
-        if key == "dim" and len({repr(t["dim"]) for t in entries}) > 1:
-            continue
-        flag = "--" + dest.replace("_", "-")
-        out.append(f"{flag} has no effect: every table of --config {job_file.path} sets {key}")
-    return out
-
-
 def validate(args: argparse.Namespace, world_size: int) -> Config:
     """The job's Config, or ConfigError for any impossible combination; identical on every
     rank.  ``args`` is not changed."""
     job = _job(args, world_size)
     train = _train(args, job.worker_num)
-    check_outputs(args)
-    tables = job_file_tables(args, train)  # first: it refuses the hashing flags beside it
+    try:
+        check_outputs(args)
+    except OutputError as exc:
+        raise ConfigError(str(exc)) from None
+    with _as_config_error():  # first: it refuses the hashing flags beside it
+        tables = job_file_tables(args, train)
     data = data_config(args)
     config = Config(
         job=job,

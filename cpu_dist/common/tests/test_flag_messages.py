@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cpu_dist.common.flags import launch_rank, parse_args
+from cpu_dist.common.first_rank import launch_rank
+from cpu_dist.common.flags import parse_args
 from cpu_dist.common.validate import ConfigError, validate
 
 pytestmark = pytest.mark.timeout(30)

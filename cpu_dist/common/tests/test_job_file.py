@@ -321,6 +321,30 @@ def test_multi_table_jobs_refuse_the_cache_stage_and_a_row_budget(refused, job):
         validate(parse_args(["--ps-memory-bytes", "10", "--ps-memory-rows", "1"]), 3)
 
 
+def test_the_job_file_checks_are_one_module_whose_errors_validate_reports_as_they_are(
+    refused, job, tmp_path
+):
+    """cpu_dist/common/job_file_checks.py holds the checks where a job file's tables meet the
+    flags; each JobFileError of theirs reaches the user as validate's ConfigError, same text,
+    at its place among the flags' checks (both budgets given: that refusal comes first)."""
+    from cpu_dist.common.job_file import JobFileError
+    from cpu_dist.common.job_file_checks import check_cache_tables, check_rows_budget
+
+    tables = job(two_tables()).tables
+    with pytest.raises(JobFileError) as direct:
+        check_rows_budget(parse_args(["--ps-memory-rows", "100"]), tables)
+    assert refused(two_tables(), "--ps-memory-rows", "100") == str(direct.value)
+    with pytest.raises(JobFileError) as cache:
+        check_cache_tables(tables)
+    assert refused(two_tables(), "--read-mode", "bagpipe") == str(cache.value)
+    check_rows_budget(parse_args(["--ps-memory-rows", "100"]), None)  # no job file: no refusal
+    check_cache_tables(None)
+    from cpu_dist.common.validate import ConfigError
+
+    with pytest.raises(ConfigError, match="give one DRAM budget"):
+        job(two_tables(), "--ps-memory-rows", "1", "--ps-memory-bytes", "10")
+
+
 def test_one_table_of_a_job_file_refuses_the_cache_stage_too(refused):
     # its keys are the features' own ids, its lr and width its own: not what the cache mirrors
     message = refused(toml_tables({"name": "t", "features": ALL}), "--read-mode", "bagpipe")
@@ -334,7 +358,7 @@ def test_adagrad_is_a_sparse_optimizer_flag():
 
 
 def test_a_table_default_flag_that_every_table_overrides_is_warned_about(tmp_path):
-    from cpu_dist.common.validate import ineffective_flags
+    from cpu_dist.common.flag_warnings import ineffective_flags
 
     path = tmp_path / "job.toml"
     path.write_text(two_tables(lr=0.1).replace('name = "b"', 'name = "b"\nlr = 0.2'))

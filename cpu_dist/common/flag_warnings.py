@@ -1,0 +1,51 @@
+"""Warnings, not errors: flags the command line gave that change nothing in the chosen mode,
+so that a user learns the setting was not applied (rank 0 prints them, ``validate``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cpu_dist.common.config import JobConfig
+from cpu_dist.common.job_file_checks import table_defaults_unused
+
+
+def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
+    """Flags the command line gave (``a.given``, from ``flags.parse_args``) that change nothing
+    in the chosen mode: a warning each, so that a user learns the setting was not applied."""
+    given: frozenset[str] = getattr(a, "given", frozenset())
+    external = job.external_shards
+    rules = [
+        ("max_staleness", a.sparse_sync != "async", "--max-staleness", "--sparse-sync async"),
+        ("zipf_exponent", a.data != "synthetic", "--zipf-exponent", "--data synthetic"),
+        (
+            "checkpoint_keep",
+            not a.checkpoint_dir,
+            "--checkpoint-keep",
+            "--checkpoint-dir",
+        ),
+        ("checkpoint_timeout", not a.checkpoint_dir, "--checkpoint-timeout", "--checkpoint-dir"),
+        ("reuse_shard_rows", not external, "--reuse-shard-rows", "external --ps_list shards"),
+        ("token_file", not external, "--token-file", "external --ps_list shards"),
+        ("ps_host", external, "--ps-host", "PS ranks in the job"),
+        ("ps_interface", external, "--ps-interface", "PS ranks in the job"),
+        ("session_idle_timeout", external, "--session-idle-timeout", "PS ranks in the job"),
+        ("ps_memory_rows", external, "--ps-memory-rows", "PS ranks in the job"),
+        ("ps_memory_bytes", external, "--ps-memory-bytes", "PS ranks in the job"),
+        ("ps_ssd_dir", external, "--ps-ssd-dir", "PS ranks in the job"),
+        (
+            "optimization_plan_window",
+            not a.optimization_prescan,
+            "--optimization-plan-window",
+            "--optimization-prescan",
+        ),
+    ]
+    out = [
+        f"{flag} has no effect without {needs}"
+        for dest, unused, flag, needs in rules
+        if dest in given and unused
+    ]
+    if a.read_mode != "bagpipe":
+        for dest in ("optimization_cache_capacity", "optimization_bypass_below"):
+            if dest in given:
+                out.append(f"--{dest.replace('_', '-')} has no effect without --read-mode bagpipe")
+    return out + table_defaults_unused(a, given)
