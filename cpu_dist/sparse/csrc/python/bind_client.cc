@@ -17,6 +17,7 @@
 #include "commit_limits.h"
 #include "convert.h"
 #include "handle.h"
+#include "spec_dict.h"
 
 namespace cpu_dist::python {
 
@@ -448,69 +449,15 @@ TablesHandle start_pull_tables(PsClient& c, const py::dict& parts,
   return TablesHandle(std::move(op), std::move(tables));
 }
 
-// A spec dict (the one shape of cpu_dist's table specs, cpu_dist/common/tables.py) as the
-// wire's TableSpec, read as the shard's Server(tables=...) reads one (bind_server.cc): name,
-// dim, optimizer and init_scale required; seed, num_embeddings, admit_after and expire_after
-// 0, eps 1e-8 for Adagrad where left out (0 for the others); an unknown or missing key, or a
-// value of the wrong kind, is a ValueError naming the table and the key.  The shard checks
-// the values' ranges (CreateTables' refusal names the table and the field).
-ps::TableSpec spec_from_dict(const py::dict& d, size_t index) {
-  static const char* const kKeys[] = {"name",        "dim",          "optimizer",
-                                      "init_scale",  "seed",         "num_embeddings",
-                                      "admit_after", "expire_after", "eps"};
-  std::string name = "#" + std::to_string(index);
-  if (d.contains("name")) name = py::cast<std::string>(py::str(d["name"]));
-  const std::string where = "create_tables: table '" + name + "'";
-  for (const auto& [k, v] : d) {
-    const std::string key = py::cast<std::string>(py::str(k));
-    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
-      throw py::value_error(where + ": unknown key '" + key + "'");
-  }
-  for (const char* required : {"name", "dim", "optimizer", "init_scale"})
-    if (!d.contains(required))
-      throw py::value_error(where + ": missing key '" + std::string(required) + "'");
-  auto get = [&](const char* key, auto fallback) {
-    using T = decltype(fallback);
-    if (!d.contains(key) || d[key].is_none()) return fallback;
-    try {
-      return py::cast<T>(d[key]);
-    } catch (const py::cast_error&) {
-      throw py::value_error(where + ": key '" + key + "' has the wrong type (" +
-                            std::string(py::str(py::type::of(d[key]).attr("__name__"))) + ")");
-    }
-  };
-  ps::TableSpec spec;
-  spec.set_name(get("name", std::string()));
-  const int64_t dim = get("dim", int64_t{0});
-  if (dim < 1 || dim > UINT32_MAX) throw py::value_error(where + ": dim must be >= 1");
-  spec.set_dim(static_cast<uint32_t>(dim));
-  const std::string opt = get("optimizer", std::string());
-  const auto kind = ps::optimizer_from_name(opt);
-  if (!kind)
-    throw py::value_error(
-        where + ": optimizer must be 'sgd', 'rowwise_adagrad' or 'adagrad', got '" + opt + "'");
-  spec.set_optimizer(static_cast<ps::Optimizer>(static_cast<int>(*kind)));
-  spec.set_init_scale(static_cast<float>(get("init_scale", 0.0)));
-  spec.set_seed(get("seed", uint64_t{0}));
-  spec.set_num_embeddings(get("num_embeddings", uint64_t{0}));
-  spec.set_admit_after(get("admit_after", uint32_t{0}));
-  spec.set_expire_after(get("expire_after", uint32_t{0}));
-  const bool adagrad = *kind == OptimizerKind::kAdagrad;
-  spec.set_eps(adagrad ? static_cast<float>(get("eps", double{ps::kDefaultAdagradEps})) : 0.0f);
-  return spec;
-}
-
 void def_tables_ops(ClientClass& cls) {
   cls.def(
          "create_tables",
          [](PsClient& c, const py::list& specs) {
+           // The shard checks the values' ranges (CreateTables' refusal names the table and
+           // the field).
            std::vector<ps::TableSpec> protos;
-           for (size_t i = 0; i < specs.size(); ++i) {
-             if (!py::isinstance<py::dict>(specs[i]))
-               throw py::value_error("create_tables: spec " + std::to_string(i) +
-                                     " must be a dict");
-             protos.push_back(spec_from_dict(py::cast<py::dict>(specs[i]), i));
-           }
+           for (size_t i = 0; i < specs.size(); ++i)
+             protos.push_back(spec_from_dict(specs[i], "create_tables: ", "specs", i));
            return shard_replies([&] { return c.create_tables(protos); });
          },
          py::arg("specs"),

@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "convert.h"
 #include "server.h"
+#include "spec_dict.h"
 #include "tables.h"
 
 namespace cpu_dist::python {
@@ -36,55 +37,10 @@ struct TableKeywords {
   uint32_t expire_after;
 };
 
-// A spec dict (cpu_dist/common/tables.py TableConfig.spec: name, dim, optimizer, init_scale,
-// seed, num_embeddings, admit_after, expire_after, eps) as the shard's spec; ValueError naming
-// the table and the key for an unknown key, a missing one, or a value out of range.
-ps::ShardTableSpec spec_from_dict(const py::handle& obj, size_t index) {
-  if (!py::isinstance<py::dict>(obj))
-    throw py::type_error("tables[" + std::to_string(index) + "] must be a spec dict");
-  const py::dict d = py::reinterpret_borrow<py::dict>(obj);
-  std::string who = "tables[" + std::to_string(index) + "]";
-  if (!d.contains("name")) throw py::value_error(who + ": no 'name'");
-  ps::ShardTableSpec s;
-  s.name = py::cast<std::string>(d["name"]);
-  who = "table '" + s.name + "'";
-  static const char* const kKeys[] = {"name",        "dim",          "optimizer",
-                                      "init_scale",  "seed",         "num_embeddings",
-                                      "admit_after", "expire_after", "eps"};
-  for (const auto& [k, v] : d) {
-    const std::string key = py::cast<std::string>(py::str(k));
-    bool known = false;
-    for (const char* want : kKeys) known = known || key == want;
-    if (!known) throw py::value_error(who + ": unknown key '" + key + "'");
-  }
-  for (const char* need : {"dim", "optimizer", "init_scale"})
-    if (!d.contains(need)) throw py::value_error(who + ": no '" + need + "'");
-  const auto uint_of = [&](const char* key, uint64_t max) -> uint64_t {
-    if (!d.contains(key)) return 0;
-    const py::int_ v = py::cast<py::int_>(d[key]);
-    if (v < py::int_(0) || v > py::int_(max))
-      throw py::value_error(who + ": " + key + " must be in 0.." + std::to_string(max) + ", got " +
-                            std::string(py::str(v)));
-    return py::cast<uint64_t>(v);
-  };
-  s.dim = static_cast<uint32_t>(uint_of("dim", UINT32_MAX));
-  const std::string opt = py::cast<std::string>(d["optimizer"]);
-  const auto kind = ps::optimizer_from_name(opt);
-  if (!kind)
-    throw py::value_error(who + ": optimizer must be 'sgd', 'rowwise_adagrad' or 'adagrad', got '" +
-                          opt + "'");
-  s.optimizer = *kind;
-  s.init_scale = py::cast<float>(d["init_scale"]);
-  s.seed = uint_of("seed", UINT64_MAX);
-  s.num_embeddings = uint_of("num_embeddings", UINT64_MAX);
-  s.admit_after = static_cast<uint32_t>(uint_of("admit_after", UINT32_MAX));
-  s.expire_after = static_cast<uint32_t>(uint_of("expire_after", UINT32_MAX));
-  if (d.contains("eps")) {
-    s.eps = py::cast<float>(d["eps"]);
-  } else if (s.optimizer == ps::OptimizerKind::kAdagrad) {
-    s.eps = ps::kDefaultAdagradEps;
-  }
-  if (s.optimizer != ps::OptimizerKind::kAdagrad) s.eps = 0.0f;  // adagrad's key only
+// tables[index] (a spec dict, read by spec_dict.h) as the shard's spec; ValueError for a
+// spec the shard refuses (spec_error: names, widths, scales).
+ps::ShardTableSpec shard_spec(const py::handle& obj, size_t index) {
+  const ps::ShardTableSpec s = ps::spec_from_proto(spec_from_dict(obj, "", "tables", index));
   if (const std::string why = ps::spec_error(s); !why.empty()) throw py::value_error(why);
   return s;
 }
@@ -160,7 +116,7 @@ ServerHolder make_server_py(uint32_t dim, std::string token, std::optional<float
   std::vector<ps::ShardTableSpec> specs;
   if (tables) {
     if (tables->empty()) throw py::value_error("tables is empty (give None for the flag table)");
-    for (size_t i = 0; i < tables->size(); ++i) specs.push_back(spec_from_dict((*tables)[i], i));
+    for (size_t i = 0; i < tables->size(); ++i) specs.push_back(shard_spec((*tables)[i], i));
   }
   return make_server(
       dim, std::move(token), init_scale, std::move(host), port, std::move(table), seed, shard_index,
