@@ -192,35 +192,35 @@ int64_t load_i64(const char* p, size_t i) {
   return v;
 }
 
-// Keys of partition p, ascending (so no key twice); `what`: "keys" or "counted keys".
+// Keys of partition p, ascending (so no key twice); `what`: "keys" or "counted keys";
+// `where`: "checkpoint PATH: table 'NAME': ", which every message starts with.
 template <class Get>
 void check_keys(Get key, size_t n, uint32_t p, uint64_t salt, const char* what,
-                const std::string& path) {
+                const std::string& where) {
   for (size_t j = 0; j < n; ++j) {
     const int64_t k = key(j);
     if (partition_of(k, salt) != p)
-      throw CheckpointError(StatusCode::DATA_LOSS, absl::StrCat("checkpoint ", path, ": key ", k,
-                                                                " stored in partition ", p));
+      throw CheckpointError(StatusCode::DATA_LOSS,
+                            absl::StrCat(where, "key ", k, " stored in partition ", p));
     if (j > 0 && k <= key(j - 1))
-      throw CheckpointError(
-          StatusCode::DATA_LOSS,
-          absl::StrCat("checkpoint ", path, ": ", what, " of partition ", p, " are not ascending"));
+      throw CheckpointError(StatusCode::DATA_LOSS,
+                            absl::StrCat(where, what, " of partition ", p, " are not ascending"));
   }
 }
 
 // A partition's block as read into memory.  Checks its checksum, and that its keys and its
 // counted keys belong to it, ascending.
 void check_block(const char* block, const BlockView& v, uint32_t p, uint64_t salt,
-                 uint32_t expected_crc, size_t len, const std::string& path) {
+                 uint32_t expected_crc, size_t len, const std::string& where) {
   const uint32_t got = crc32_of(0, block, len);
   if (got != expected_crc)
-    throw CheckpointError(StatusCode::DATA_LOSS, absl::StrCat("checkpoint ", path, ": partition ",
-                                                              p, " is corrupt (crc32 ", got,
-                                                              ", header says ", expected_crc, ")"));
-  check_keys([&](size_t j) { return v.keys[j]; }, v.n, p, salt, "keys", path);
+    throw CheckpointError(StatusCode::DATA_LOSS,
+                          absl::StrCat(where, "partition ", p, " is corrupt (crc32 ", got,
+                                       ", header says ", expected_crc, ")"));
+  check_keys([&](size_t j) { return v.keys[j]; }, v.n, p, salt, "keys", where);
   if (v.m > 0)
     check_keys([&](size_t j) { return load_i64(v.pending, j); }, v.m, p, salt, "counted keys",
-               path);
+               where);
 }
 
 // Blocks read together: consecutive owned blocks of one file, about kChunkBytes at a time.
@@ -245,7 +245,8 @@ struct Chunk {
 };
 
 Chunk read_chunk(const ChunkSpec& spec, const FileTable& ft, const BlockShape& sh, int fd,
-                 bool direct, const std::string& path) {
+                 bool direct, const std::string& path, const std::string& table) {
+  const std::string where = absl::StrCat("checkpoint ", path, ": table '", table, "': ");
   Chunk c;
   const uint64_t off = spec.blocks.front().off;
   const uint64_t len = spec.blocks.back().off + spec.blocks.back().len - off;
@@ -267,7 +268,7 @@ Chunk read_chunk(const ChunkSpec& spec, const FileTable& ft, const BlockShape& s
     BlockView v = view_block(block, ft.rows[b.p], ft.pending[b.p], sh);
     if (reinterpret_cast<uintptr_t>(block) % alignof(int64_t) != 0)
       v.keys = reinterpret_cast<const int64_t*>(moved(block, v.n * sizeof(int64_t)));
-    check_block(block, v, b.p, sh.salt, ft.crcs[b.p], b.len, path);
+    check_block(block, v, b.p, sh.salt, ft.crcs[b.p], b.len, where);
     c.blocks.emplace_back(b.p, v);
   }
   return c;
@@ -408,7 +409,7 @@ StagedTable CheckpointFiles::stage(size_t t, ShardTable& into) const {
   OrderedPipeline<Chunk> reader(chunks.size(), checkpoint_threads(), kChunksAhead, [&](size_t i) {
     const int fi = chunks[i].file;
     return read_chunk(chunks[i], m.opened[fi].parts[t], sh, fds[fi]->get(), direct[fi],
-                      m.files[fi].path);
+                      m.files[fi].path, th.name);
   });
   std::vector<int64_t> steps;
   for (size_t i = 0; i < chunks.size(); ++i) {

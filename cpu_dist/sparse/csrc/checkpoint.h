@@ -77,6 +77,10 @@ struct StagedTable {
 
 // A whole load: every table's staged rows, adopted together.
 struct LoadedRows {
+  // The tables of the checkpoint the shard lacked, built aside (ShardTables::build) and put on
+  // the shard only when the load is adopted: a load that fails or is aborted leaves none.
+  // Declared before `tables`, whose staged rows are theirs, so that they go last.
+  std::vector<std::unique_ptr<ShardTable>> created;
   std::vector<StagedTable> tables;
   size_t n = 0;  // rows of every table
   int64_t step = -1;

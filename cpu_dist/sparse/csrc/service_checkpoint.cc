@@ -1,5 +1,7 @@
 // The service's checkpoint methods (Save, Load): paths confined to the shard's checkpoint
 // directory, and Load's stages (checkpoint.h does the file work).
+#include <algorithm>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -135,9 +137,22 @@ Status PsService::do_load(LoadRequest& r, BB* resp) {
 
 namespace {
 
-// Every table of a load adopts its staged rows (cannot fail).
-void adopt_all(ckpt::LoadedRows& rows) {
-  for (ckpt::StagedTable& t : rows.tables) t.table->adopt(*t.staged);
+// Every table of a load adopts its staged rows: first the tables the load built (not on the
+// shard yet), then they join the shard, then the shard's own tables adopt theirs (which
+// cannot fail).  When the shard took one of the built tables' names since, nothing changed.
+Status adopt_all(ShardTables& tables, ckpt::LoadedRows& rows) {
+  std::vector<ckpt::StagedTable*> own;
+  for (ckpt::StagedTable& t : rows.tables) {
+    const bool built = std::any_of(rows.created.begin(), rows.created.end(),
+                                   [&t](const auto& c) { return c.get() == t.table; });
+    if (built)
+      t.table->adopt(*t.staged);
+    else
+      own.push_back(&t);
+  }
+  PS_RETURN_IF_ERROR(tables.add(rows.created));
+  for (ckpt::StagedTable* t : own) t->table->adopt(*t->staged);
+  return Status::OK;
 }
 
 }  // namespace
@@ -151,7 +166,7 @@ Status PsService::finish_load(LoadStage stage, BB* resp) {
     if (sessions_.live_sessions() != 0)
       return Status(StatusCode::FAILED_PRECONDITION,
                     "a commit session is open: load a checkpoint before training starts");
-    adopt_all(*rows);
+    PS_RETURN_IF_ERROR(adopt_all(tables_, *rows));
     out.set_rows(rows->n);
     out.set_step(rows->step);
   }
@@ -159,18 +174,21 @@ Status PsService::finish_load(LoadStage stage, BB* resp) {
   return Status::OK;
 }
 
-// The live table each of the checkpoint's tables loads into, creating (empty, with the file's
-// spec) those the shard lacks, after every table was checked: a version 3 table must be
-// absent or have the identical spec; a version 1 or 2 file's one table must be there, with
-// its dim and one state float a row.
+// The table each of the checkpoint's tables loads into, after every table was checked: the
+// live one, or for those the shard lacks one built aside with the file's spec (into
+// `created`: it joins the shard when the load is adopted).  A version 3 table must be absent
+// or have the identical spec; a version 1 or 2 file's one table must be there, with its dim
+// and one state float a row.
 namespace {
 
 Status load_targets(ShardTables& tables, const ckpt::CheckpointFiles& ck,
+                    std::vector<std::unique_ptr<ShardTable>>* created,
                     std::vector<ShardTable*>* out) {
   const std::string where = absl::StrCat("checkpoint ", ck.first_path(), ": ");
   std::vector<ShardTableSpec> missing;
   for (const ckpt::TableHeader& th : ck.tables()) {
     ShardTable* live = tables.find(th.name);
+    out->push_back(live);  // null: built below
     if (ck.version() < 3) {
       if (live == nullptr) {
         std::vector<std::string> names;
@@ -211,15 +229,18 @@ Status load_targets(ShardTables& tables, const ckpt::CheckpointFiles& ck,
                        " in the checkpoint, ", field_value(have, field), " on this shard"));
   }
   for (const ShardTableSpec& spec : missing) {
-    bool created = false;
+    std::unique_ptr<ShardTable> t;
     try {
-      PS_RETURN_IF_ERROR(tables.create(spec, &created));
+      PS_RETURN_IF_ERROR(tables.build(spec, &t));
     } catch (const std::exception& e) {
       return Status(StatusCode::FAILED_PRECONDITION,
                     absl::StrCat(where, "cannot create table '", spec.name, "': ", e.what()));
     }
+    created->push_back(std::move(t));
   }
-  for (const ckpt::TableHeader& th : ck.tables()) out->push_back(tables.find(th.name));
+  size_t next_built = 0;  // `missing` is in file order too
+  for (ShardTable*& t : *out)
+    if (t == nullptr) t = created->at(next_built++).get();
   return Status::OK;
 }
 
@@ -250,13 +271,13 @@ Status PsService::load_files(LoadRequest& r, BB* resp) {
   try {
     const ckpt::CheckpointFiles ck(std::move(files), opts_.shard_index, opts_.num_shards);
     std::vector<ShardTable*> targets;
-    PS_RETURN_IF_ERROR(load_targets(tables_, ck, &targets));
+    PS_RETURN_IF_ERROR(load_targets(tables_, ck, &rows->created, &targets));
     rows->step = ck.step();
     for (size_t t = 0; t < targets.size(); ++t) {
       rows->tables.push_back(ck.stage(t, *targets[t]));
       rows->n += rows->tables.back().n;
     }
-    if (r.stage() == LoadStage::LOAD) adopt_all(*rows);
+    if (r.stage() == LoadStage::LOAD) PS_RETURN_IF_ERROR(adopt_all(tables_, *rows));
   } catch (const ckpt::CheckpointError& e) {
     return Status(e.code(), e.what());
   } catch (const std::exception& e) {

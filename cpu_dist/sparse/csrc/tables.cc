@@ -142,18 +142,52 @@ Status ShardTables::create(const ShardTableSpec& spec, bool* created) {
                                have.flag_declared ? "declared by the shard's flags" : "created",
                                " before); refused, nothing changed"));
   }
-  TierOptions tiers = opts_.tiers;
-  if (created_ > 0) tiers.ssd_name = absl::StrCat(tiers.ssd_name, "-t", created_);
   try {
-    auto t = std::make_unique<ShardTable>(spec, opts_.stripes, opts_.max_blocks_per_stripe,
-                                          std::move(tiers));
-    t->set_test_hooks(hooks_);
-    tables_.emplace(spec.name, std::move(t));
+    tables_.emplace(spec.name, make_locked(spec));
   } catch (const std::invalid_argument& e) {
     return Status(StatusCode::INVALID_ARGUMENT, e.what());
   }
-  ++created_;
   *created = true;
+  return Status::OK;
+}
+
+std::unique_ptr<ShardTable> ShardTables::make_locked(const ShardTableSpec& spec) {
+  TierOptions tiers = opts_.tiers;
+  if (created_ > 0) tiers.ssd_name = absl::StrCat(tiers.ssd_name, "-t", created_);
+  auto t = std::make_unique<ShardTable>(spec, opts_.stripes, opts_.max_blocks_per_stripe,
+                                        std::move(tiers));
+  t->set_test_hooks(hooks_);
+  ++created_;
+  return t;
+}
+
+Status ShardTables::build(const ShardTableSpec& spec, std::unique_ptr<ShardTable>* out) {
+  if (const std::string why = spec_error(spec); !why.empty())
+    return Status(StatusCode::INVALID_ARGUMENT, why);
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (tables_.count(spec.name) != 0)
+    return Status(StatusCode::FAILED_PRECONDITION,
+                  absl::StrCat("table '", absl::CHexEscape(spec.name), "' exists on this shard"));
+  try {
+    *out = make_locked(spec);
+  } catch (const std::invalid_argument& e) {
+    return Status(StatusCode::INVALID_ARGUMENT, e.what());
+  }
+  return Status::OK;
+}
+
+Status ShardTables::add(std::vector<std::unique_ptr<ShardTable>>& tables) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (const auto& t : tables)
+    if (tables_.count(t->spec().name) != 0)
+      return Status(StatusCode::FAILED_PRECONDITION,
+                    absl::StrCat("table '", absl::CHexEscape(t->spec().name),
+                                 "' was created on this shard meanwhile; nothing changed"));
+  for (auto& t : tables) {
+    const std::string name = t->spec().name;
+    tables_.emplace(name, std::move(t));
+  }
+  tables.clear();
   return Status::OK;
 }
 

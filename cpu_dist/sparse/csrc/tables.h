@@ -79,11 +79,21 @@ class ShardTables {
   // table and the first differing field for another spec of an existing name.  Throws what
   // building a table throws (an SSD tier that cannot be opened: TierError).
   grpc::Status create(const ShardTableSpec& spec, bool* created);
+  // A table built as create() builds one, but not on the shard: a checkpoint load stages its
+  // rows there and add()s it once every table of the load staged, so a load that fails leaves
+  // no table behind.  Errors and throws as create()'s; FAILED_PRECONDITION for a name the
+  // shard has.
+  grpc::Status build(const ShardTableSpec& spec, std::unique_ptr<ShardTable>* out);
+  // Puts tables build() made on the shard, all or none: FAILED_PRECONDITION naming the first
+  // whose name the shard took since (then nothing changed and `tables` keeps them all).
+  grpc::Status add(std::vector<std::unique_ptr<ShardTable>>& tables);
 
   // The highest job step any row of any table may hold (ShardTable::max_step).
   int64_t max_step() const;
 
  private:
+  std::unique_ptr<ShardTable> make_locked(const ShardTableSpec& spec);  // mu_ held; throws
+
   const TablesOptions opts_;
   TestHooks* const hooks_;
   mutable std::shared_mutex mu_;
