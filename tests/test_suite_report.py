@@ -192,7 +192,13 @@ def test_the_mpi_phase_leaves_the_other_tests_to_the_unit_phase(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "group,path", [("netlab", "test_hosts.py"), ("slurm", "test_slurm.py")], ids=["lab", "slurm"]
+    "group,path",
+    [
+        ("netlab", "test_hosts.py"),
+        ("slurm", "test_slurm.py"),
+        ("slurm", "test_slurm_requeue.py"),  # the private cluster of test_slurm.py too
+    ],
+    ids=["lab", "slurm", "slurm-requeue"],
 )
 def test_the_lab_and_slurm_tests_are_in_their_groups(group, path):
     """Every test of the file carries the group's marker (else CPU_DIST_REQUIRE misses it)."""

@@ -118,7 +118,10 @@ SlurmUser=${user}
 SlurmdUser=${user}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=${dir}/munge/munge.socket
+# cred_expire: a requeued job is held (Reason=BeginTime) for cred_expire + 1 s before it may
+# start again; Slurm's default of 120 s made the requeue test wait two minutes. 10 s still
+# leaves a launch credential ample time to reach slurmd on a busy node (the minimum is 5).
+AuthInfo=socket=${dir}/munge/munge.socket,cred_expire=10
 StateSaveLocation=${dir}/state
 SlurmdSpoolDir=${dir}/spool
 SlurmctldPidFile=${dir}/run/slurmctld.pid
@@ -136,6 +139,9 @@ MpiDefault=pmix
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+# The main scheduling pass every second (default 60 s): a job whose begin time passes, as a
+# requeued job's does, starts only at that pass, not on an event such as a submit.
+SchedulerParameters=sched_interval=1
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
