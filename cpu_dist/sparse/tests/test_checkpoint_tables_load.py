@@ -177,3 +177,54 @@ def test_a_table_created_between_prepare_and_commit_fails_the_commit_changing_no
     assert dst.tables() == [{"a": len(KEYS), "b": 0}]
     for got, want in zip(dumps(dst.client(), ["a"])["a"], before["a"]):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_failed_load_into_tiered_shards_leaves_no_table_and_no_store(shards, tmp_path):
+    """Tables built for a load on shards with an SSD tier and a byte budget: a failed load
+    leaves neither them nor their stores (the SSD directory holds only what it held); the
+    same files undamaged load with the source's rows, most of them on SSD."""
+    ck, ssd = tmp_path / "ck", tmp_path / "ssd"
+    src = shards(1, SPECS, str(ck))
+    push(src.client(), SPECS, seed=3)
+    saved = src.client().save(["s.bin"], 3)[0]
+    data = bytearray((ck / "s.bin").read_bytes())
+    data[-1] ^= 0xFF  # in 'c''s last block
+    (ck / "bad.bin").write_bytes(bytes(data))
+    dst = [
+        Server(
+            0,
+            TOKEN,
+            shard_index=i,
+            num_shards=2,
+            checkpoint_dir=str(ck),
+            memory_bytes=8000,
+            ssd_dir=str(ssd),
+        )
+        for i in range(2)
+    ]
+    try:
+        for s in dst:
+            s.start()
+        cl = Client(
+            [s.address for s in dst],
+            TOKEN,
+            0,
+            tables=[(s["name"], s["dim"]) for s in SPECS],
+            timeout_s=20.0,
+        )
+        stores = sorted(p.name for p in ssd.iterdir()) if ssd.exists() else []
+        with pytest.raises(PSError, match="table 'c': partition"):
+            cl.load(["bad.bin"], [saved["bytes"]], [saved["checksum"]])
+        assert [s.stats()["tables"] for s in dst] == [[], []]
+        assert (sorted(p.name for p in ssd.iterdir()) if ssd.exists() else []) == stores
+        cl.load(["s.bin"], [saved["bytes"]], [saved["checksum"]])
+        names = [s["name"] for s in SPECS]
+        want = dumps(src.client(), names)
+        for name, arrays in dumps(cl, names).items():
+            for got, w in zip(arrays, want[name]):
+                np.testing.assert_array_equal(got, w)
+        assert sum(t["rows_ssd"] for s in dst for t in s.stats()["tables"]) > 0
+        cl.close()
+    finally:
+        for s in dst:
+            s.stop(2.0)
