@@ -120,6 +120,13 @@ struct CommitPoint {
   int64_t base_step = 0;  // the job step of the session's step 0 (step rules; table_rules.h)
 };
 
+// What a refused commit's error names, in the client and its binding alike: "commit of
+// session S step T rank R".
+inline std::string commit_where(const CommitPoint& at) {
+  return "commit of session " + std::to_string(at.session) + " step " + std::to_string(at.step) +
+         " rank " + std::to_string(at.rank);
+}
+
 // Retries of idempotent calls: at most kMaxRetries, the first after kFirstBackoff, each
 // next one after twice the previous wait (50, 100, 200 ms).
 inline constexpr uint32_t kMaxRetries = 3;

@@ -61,11 +61,6 @@ inline void set_chunk(CommitRequest* head, uint32_t index, uint32_t count) {
   head->set_chunk_count(count);
 }
 
-// What a refused commit gradient's error names: "commit of session S step T rank R".
-inline std::string commit_where(const CommitPoint& at) {
-  return absl::StrCat("commit of session ", at.session, " step ", at.step, " rank ", at.rank);
-}
-
 // A gradient row the client's encoding cannot carry: refused before anything is sent.
 [[noreturn]] inline void refuse_gradient(const EncodeFailure& f, int64_t key, Encoding e,
                                          const std::string& where) {

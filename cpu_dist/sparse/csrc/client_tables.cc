@@ -18,7 +18,6 @@ namespace cpu_dist::ps {
 namespace {
 
 using client_calls::check_count;
-using client_calls::commit_where;
 using client_calls::FirstOccurrences;
 using client_calls::kCommit;
 using client_calls::kPull;

@@ -1,6 +1,7 @@
 // cpu_dist.sparse._ps_client.Client / Handle / PSError / client_defaults.  Every network call
 // releases the GIL.  Shaped like ps-lite: an asynchronous call returns a Handle to wait on,
 // and each blocking update is its asynchronous twin followed by Handle.wait().
+// The multi-table calls are bind_client_tables.cc's; what both share is client_args.h.
 #include <pybind11/eval.h>
 
 #include <algorithm>
@@ -14,65 +15,16 @@
 
 #include "bindings.h"
 #include "client.h"
-#include "commit_limits.h"
+#include "client_args.h"
 #include "convert.h"
 #include "handle.h"
-#include "spec_dict.h"
 
 namespace cpu_dist::python {
 
 namespace {
 
 using ps::AsyncOp;
-using ps::OptimizerKind;
 using ps::PsClient;
-using ClientHolder = std::unique_ptr<PsClient, GilFreeDelete<PsClient>>;
-using ClientClass = py::class_<PsClient, ClientHolder>;
-
-OptimizerKind parse_optimizer(const std::string& name) {
-  auto k = ps::optimizer_from_name(name);
-  if (!k)
-    throw py::value_error("optimizer must be 'sgd', 'rowwise_adagrad' or 'adagrad', got '" + name +
-                          "'");
-  return *k;
-}
-
-float check_lr(double lr) {
-  const float f = static_cast<float>(lr);
-  if (!std::isfinite(lr) || !std::isfinite(f) || !(f > 0.0f))
-    throw py::value_error("lr must be finite and > 0 (as float32), got " + std::to_string(lr));
-  return f;
-}
-
-uint32_t check_max_ahead(uint32_t max_ahead) {
-  if (max_ahead == 0 || max_ahead > ps::kMaxCommitAhead)
-    throw py::value_error("max_ahead must be in 1.." + std::to_string(ps::kMaxCommitAhead) +
-                          ", got " + std::to_string(max_ahead));
-  return max_ahead;
-}
-
-// Refuses gradients a shard would refuse, before anything is sent: NaN, infinity, and
-// float64 values beyond float32's range (they became infinity in the conversion).  `where`
-// names the call ("push", "commit of session S step T rank R").
-void check_finite(const KeysArray& keys, const RowsArray& grads, const std::string& where) {
-  const float* g = grads.data();
-  const size_t dim = static_cast<size_t>(grads.shape(1));
-  const size_t count = static_cast<size_t>(grads.size());
-  for (size_t i = 0; i < count; ++i)
-    if (!std::isfinite(g[i]))
-      throw py::value_error("gradient of key " + std::to_string(keys.data()[i / dim]) + " in " +
-                            where + " (row " + std::to_string(i / dim) + ", column " +
-                            std::to_string(i % dim) + ") is not finite as float32 (" +
-                            std::to_string(g[i]) +
-                            "): a NaN, an infinity, or a float64 value beyond float32's range; "
-                            "nothing was sent");
-}
-
-void check_rank(uint32_t rank, uint32_t world_size) {
-  if (world_size == 0 || rank >= world_size)
-    throw py::value_error("rank must be in 0..world_size-1, got rank " + std::to_string(rank) +
-                          " world_size " + std::to_string(world_size));
-}
 
 // A validated push/commit payload.  Built while the GIL is held; the pointers in `g` stay
 // valid while the arrays live, so the call that follows can run without the GIL.
@@ -110,31 +62,11 @@ std::shared_ptr<AsyncOp> start_commit(PsClient& c, uint64_t session, int64_t ste
                                       const py::handle& grads, double lr,
                                       const std::string& optimizer, uint32_t max_ahead,
                                       int64_t base_step) {
-  check_rank(rank, world_size);
-  if (base_step < 0)
-    throw py::value_error("base_step must be >= 0, got " + std::to_string(base_step));
-  const ps::CommitPoint at{session, step, rank, world_size, check_max_ahead(max_ahead), base_step};
-  const std::string where = "commit of session " + std::to_string(session) + " step " +
-                            std::to_string(step) + " rank " + std::to_string(rank);
+  const ps::CommitPoint at = commit_point(session, step, rank, world_size, max_ahead, base_step);
+  const std::string where = ps::commit_where(at);
   Update u = as_update(c, keys, grads, lr, optimizer, where);
   py::gil_scoped_release release;
   return c.commit_async(at, u.g);
-}
-
-// Defines `name` (blocking) and `name`_async (returning a Handle) from one start function:
-// the blocking form is the asynchronous one followed by Handle.wait().
-template <class... Args, class... Extra>
-void def_async_pair(ClientClass& cls, const std::string& name,
-                    std::shared_ptr<AsyncOp> (*start)(PsClient&, Args...), const char* doc,
-                    const Extra&... extra) {
-  cls.def(
-      name.c_str(),
-      [start](PsClient& c, Args... args) { Handle(start(c, args...)).wait(std::nullopt); },
-      extra..., doc);
-  const std::string async_doc = std::string(doc) + "  Returns a Handle at once.";
-  cls.def((name + "_async").c_str(),
-          [start](PsClient& c, Args... args) { return Handle(start(c, args...)); }, extra...,
-          async_doc.c_str());
 }
 
 py::dict traffic_dict(const ps::TrafficCounts& t) {
@@ -218,20 +150,6 @@ py::tuple dump_tuple(ps::DumpRows&& d, uint32_t dim) {
                         owned_array(std::move(d.state), state_shape));
 }
 
-// A call's `table` keyword: None is the one-table calls' table; a name not among the
-// client's tables is a ValueError naming it and them.
-uint32_t table_index(const PsClient& c, const std::string& name, const char* call) {
-  if (auto t = c.table_index(name)) return *t;
-  std::string known;
-  for (const ps::ClientTable& t : c.tables()) known += (known.empty() ? "'" : ", '") + t.name + "'";
-  throw py::value_error(std::string(call) + ": table '" + name +
-                        "' is not one of this client's tables (" + known + ")");
-}
-
-uint32_t table_arg(const PsClient& c, const std::optional<std::string>& table, const char* call) {
-  return table_index(c, table.value_or(c.table()), call);
-}
-
 // Client.dump_pages' iterator.
 class DumpPages {
  public:
@@ -252,26 +170,6 @@ class DumpPages {
   std::unique_ptr<ps::DumpPager> pager_;
   uint32_t dim_;
 };
-
-// A call whose result is a list of per-shard messages, run without the GIL.
-template <class Fn>
-py::list shard_replies(Fn&& call) {
-  decltype(call()) r;
-  {
-    py::gil_scoped_release release;
-    r = call();
-  }
-  return messages_to_list(r);
-}
-
-// A pull's keywords: compression None is the client's.
-ps::PullOptions pull_options(const std::optional<std::string>& compression,
-                             std::optional<uint64_t> session) {
-  ps::PullOptions po;
-  if (compression) po.compression = parse_compression(*compression);
-  po.session = session;
-  return po;
-}
 
 void def_data_ops(ClientClass& cls) {
   cls.def(
@@ -298,11 +196,8 @@ void def_data_ops(ClientClass& cls) {
           [](PsClient& c, const py::handle& keys, const std::optional<std::string>& compression,
              std::optional<uint64_t> session, bool row_steps, bool row_states) {
             KeysArray k = as_keys(keys);
-            ps::PullOptions po = pull_options(compression, session);
-            if ((row_steps || row_states) && !session)
-              throw py::value_error("pull_async: row_steps and row_states need a session");
-            po.row_steps = row_steps;
-            po.row_states = row_states;
+            const ps::PullOptions po =
+                pull_options(compression, session, row_steps, row_states, "pull_async");
             std::shared_ptr<AsyncOp> op;
             {
               py::gil_scoped_release release;
@@ -336,163 +231,6 @@ void def_data_ops(ClientClass& cls) {
                  py::arg("rank"), py::arg("world_size"), py::arg("keys"), py::arg("grads"),
                  py::arg("lr"), py::arg("optimizer") = "sgd", py::kw_only(),
                  py::arg("max_ahead") = 1, py::arg("base_step") = 0);
-}
-
-// ---- many tables in one call ------------------------------------------------------------
-
-// A multi-table pull's keys, held while the call is planned (the pointers in `parts`).
-struct TablesKeys {
-  std::vector<KeysArray> arrays;
-  std::vector<ps::TableKeysIn> parts;
-};
-
-TablesKeys as_tables_keys(const PsClient& c, const py::dict& parts, const char* call) {
-  TablesKeys out;
-  for (const auto& [name, keys] : parts) {
-    const std::string n = py::cast<std::string>(name);
-    const uint32_t t = table_index(c, n, call);
-    KeysArray k;
-    try {
-      k = as_keys(keys);
-    } catch (const py::value_error& e) {
-      throw py::value_error(std::string(call) + ": table '" + n + "': " + e.what());
-    }
-    out.parts.push_back(ps::TableKeysIn{t, k.data(), static_cast<size_t>(k.shape(0))});
-    out.arrays.push_back(std::move(k));
-  }
-  return out;
-}
-
-// A multi-table push's or commit's gradients, validated with the GIL held: the pointers in
-// `parts` stay valid while the arrays live.
-struct TablesUpdate {
-  std::vector<KeysArray> keys;
-  std::vector<RowsArray> grads;
-  std::vector<ps::TableGradients> parts;
-  std::optional<OptimizerKind> optimizer;
-};
-
-TablesUpdate as_tables_update(const PsClient& c, const py::dict& parts, const std::string& where,
-                              const std::optional<std::string>& optimizer) {
-  TablesUpdate u;
-  if (optimizer) u.optimizer = parse_optimizer(*optimizer);
-  for (const auto& [name, value] : parts) {
-    const std::string n = py::cast<std::string>(name);
-    const uint32_t t = table_index(c, n, where.c_str());
-    const std::string table_where = where + " table '" + n + "'";
-    const py::tuple kgl = py::cast<py::tuple>(value);
-    if (kgl.size() != 3)
-      throw py::value_error(table_where + ": expected (keys, grads, lr), got a tuple of " +
-                            std::to_string(kgl.size()));
-    KeysArray k;
-    RowsArray g;
-    float lr;
-    try {
-      k = as_keys(kgl[0]);
-      g = as_grads(kgl[1], k.shape(0), c.tables()[t].dim);
-      lr = check_lr(py::cast<double>(kgl[2]));
-    } catch (const py::value_error& e) {
-      throw py::value_error(table_where + ": " + e.what());
-    }
-    check_finite(k, g, table_where);
-    u.parts.push_back(
-        ps::TableGradients{t, k.data(), g.data(), static_cast<size_t>(k.shape(0)), lr});
-    u.keys.push_back(std::move(k));
-    u.grads.push_back(std::move(g));
-  }
-  return u;
-}
-
-std::shared_ptr<AsyncOp> start_push_tables(PsClient& c, const py::dict& parts,
-                                           const std::optional<std::string>& optimizer) {
-  TablesUpdate u = as_tables_update(c, parts, "push_tables", optimizer);
-  py::gil_scoped_release release;
-  return c.push_tables_async(u.parts, u.optimizer);
-}
-
-std::shared_ptr<AsyncOp> start_commit_tables(PsClient& c, uint64_t session, int64_t step,
-                                             uint32_t rank, uint32_t world_size,
-                                             const py::dict& parts, uint32_t max_ahead,
-                                             int64_t base_step,
-                                             const std::optional<std::string>& optimizer) {
-  check_rank(rank, world_size);
-  if (base_step < 0)
-    throw py::value_error("base_step must be >= 0, got " + std::to_string(base_step));
-  const ps::CommitPoint at{session, step, rank, world_size, check_max_ahead(max_ahead), base_step};
-  const std::string where = "commit of session " + std::to_string(session) + " step " +
-                            std::to_string(step) + " rank " + std::to_string(rank);
-  TablesUpdate u = as_tables_update(c, parts, where, optimizer);
-  py::gil_scoped_release release;
-  return c.commit_tables_async(at, u.parts, u.optimizer);
-}
-
-TablesHandle start_pull_tables(PsClient& c, const py::dict& parts,
-                               const std::optional<std::string>& compression,
-                               std::optional<uint64_t> session, bool row_steps, bool row_states) {
-  TablesKeys k = as_tables_keys(c, parts, "pull_tables");
-  ps::PullOptions po = pull_options(compression, session);
-  if ((row_steps || row_states) && !session)
-    throw py::value_error("pull_tables: row_steps and row_states need a session");
-  po.row_steps = row_steps;
-  po.row_states = row_states;
-  const std::vector<ps::TableKeysIn> ordered = c.in_table_order(k.parts);
-  std::vector<TablesHandle::Table> tables;
-  for (const ps::TableKeysIn& p : ordered) {
-    const ps::ClientTable& t = c.tables()[p.table];
-    tables.push_back({t.name, static_cast<py::ssize_t>(p.n), static_cast<py::ssize_t>(t.dim)});
-  }
-  std::shared_ptr<AsyncOp> op;
-  {
-    py::gil_scoped_release release;
-    op = c.pull_tables_async(ordered, po);
-  }
-  return TablesHandle(std::move(op), std::move(tables));
-}
-
-void def_tables_ops(ClientClass& cls) {
-  cls.def(
-         "create_tables",
-         [](PsClient& c, const py::list& specs) {
-           // The shard checks the values' ranges (CreateTables' refusal names the table and
-           // the field).
-           std::vector<ps::TableSpec> protos;
-           for (size_t i = 0; i < specs.size(); ++i)
-             protos.push_back(spec_from_dict(specs[i], "create_tables: ", "specs", i));
-           return shard_replies([&] { return c.create_tables(protos); });
-         },
-         py::arg("specs"),
-         "Create the tables of `specs` (spec dicts) on every shard: idempotent for an "
-         "identical spec, refused (PSError naming the table and the field) for another.  One "
-         "dict per shard: {'created': n, 'existing': m}.")
-      .def("pull_tables_async", &start_pull_tables, py::arg("parts"), py::kw_only(),
-           py::arg("compression") = py::none(), py::arg("session") = py::none(),
-           py::arg("row_steps") = false, py::arg("row_states") = false,
-           "Rows of several tables at once ({table: keys}): one RPC per shard per "
-           "max_keys_per_rpc keys whatever the number of tables.  Returns a TablesHandle.")
-      .def(
-          "pull_tables",
-          [](PsClient& c, const py::dict& parts, const std::optional<std::string>& compression,
-             std::optional<uint64_t> session) {
-            return start_pull_tables(c, parts, compression, session, false, false)
-                .wait(std::nullopt);
-          },
-          py::arg("parts"), py::kw_only(), py::arg("compression") = py::none(),
-          py::arg("session") = py::none(),
-          "Like pull_tables_async, then wait: {table: float32 rows [n, dim of that table]}.");
-  const char* push_doc =
-      "A direct update of several tables ({table: (keys, grads, lr)}; benchmarks, tests): "
-      "per table duplicate keys are summed, then its optimizer runs once per row.";
-  def_async_pair(cls, "push_tables", &start_push_tables, push_doc, py::arg("parts"), py::kw_only(),
-                 py::arg("optimizer") = py::none());
-  const char* commit_doc =
-      "This rank's gradients of one step of a commit session for several tables ({table: "
-      "(keys, grads, lr)}, tables without keys too): one RPC per shard per max_keys_per_rpc "
-      "keys, every shard hearing of every step; the shards apply the step's tables all at "
-      "once, once every rank's chunks arrived.";
-  def_async_pair(cls, "commit_tables", &start_commit_tables, commit_doc, py::arg("session"),
-                 py::arg("step"), py::arg("rank"), py::arg("world_size"), py::arg("parts"),
-                 py::kw_only(), py::arg("max_ahead") = 1, py::arg("base_step") = 0,
-                 py::arg("optimizer") = py::none());
 }
 
 void def_sessions(ClientClass& cls) {
