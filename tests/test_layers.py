@@ -19,14 +19,18 @@ pytestmark = pytest.mark.timeout(120)
 # package -> the packages it may import (besides itself)
 ALLOWED = {
     "common": set(),
+    # TorchRec's API (configs, jagged tensors, collections): torch and common only, so the
+    # models, serving and the job can all build on it.
+    "embeddings": {"common"},
     "data": {"common"},
-    "models": {"common"},
+    "models": {"embeddings", "common"},
     "dense": {"common"},
     "sparse": {"common"},
     "checkpoint": {"sparse", "common"},
     "cache": {"sparse", "data", "common"},
-    "serving": {"models", "data", "common"},  # scores an export without the native module
-    "export": {"serving", "checkpoint", "sparse", "models", "data", "common"},
+    # serving scores an export without the native module
+    "serving": {"models", "embeddings", "data", "common"},
+    "export": {"serving", "checkpoint", "sparse", "models", "embeddings", "data", "common"},
     "train": {
         "export",
         "serving",
@@ -35,6 +39,7 @@ ALLOWED = {
         "dense",
         "sparse",
         "models",
+        "embeddings",
         "data",
         "common",
     },
@@ -146,8 +151,11 @@ def test_bottom_packages_import_without_the_native_modules():
                 return None
 
         sys.meta_path.insert(0, Block())
-        import cpu_dist.common, cpu_dist.data, cpu_dist.models, cpu_dist.serving
-        for pkg in (cpu_dist.common, cpu_dist.data, cpu_dist.models, cpu_dist.serving):
+        import cpu_dist.common, cpu_dist.data, cpu_dist.embeddings, cpu_dist.models
+        import cpu_dist.serving
+        packages = (cpu_dist.common, cpu_dist.data, cpu_dist.embeddings, cpu_dist.models,
+                    cpu_dist.serving)
+        for pkg in packages:
             for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
                 if not info.name.endswith(".tests"):
                     importlib.import_module(info.name)

@@ -1,0 +1,53 @@
+"""The one pooling function of every embedding bag collection, local or PS-backed.
+
+A collection gathers each table's ids, deduplicates them, gets the unique ids' rows ``[u, d]``
+from its row source (the local lazy store, or rows the step pipeline pulled from the parameter
+server) and pools each feature's bags here.  Both kinds call this same function on the same
+``(rows, index, offsets, weights, mode)``, so the single-process model and a job's forward
+add the same floats in the same order and agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from cpu_dist.common.tables import POOLINGS
+
+__all__ = ["pool_bags"]
+
+
+def pool_bags(
+    rows: torch.Tensor,
+    index: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: torch.Tensor | None,
+    mode: str,
+) -> torch.Tensor:
+    """Pool bags of rows: ``[bags, d]``.
+
+    Args:
+        rows: ``[u, d]`` the rows of the table's unique ids (a leaf that requires grad while
+            training: autograd sums each row's gradient over its uses).
+        index: ``[n]`` int64, each value's row in ``rows``, bag after bag.
+        offsets: ``[bags + 1]`` int64, bag ``b`` is ``index[offsets[b]:offsets[b + 1]]``.
+        weights: ``[n]`` per-value weights, or None (all 1).
+        mode: ``"sum"`` (``sum(w * row)``) or ``"mean"`` (that sum divided by the bag's
+            length, FBGEMM's convention, weighted or not).  An empty bag pools to zeros.
+
+    Example::
+
+        rows = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+        pool_bags(rows, torch.tensor([0, 1, 1]), torch.tensor([0, 2, 2, 3]), None, "mean")
+        # tensor([[0.5, 1.0], [0.0, 0.0], [0.0, 2.0]])
+    """
+    if mode not in POOLINGS:
+        raise ValueError(f"pooling mode {mode!r}: must be one of {', '.join(POOLINGS)}")
+    w = None if weights is None else weights.to(rows.dtype)
+    pooled = F.embedding_bag(
+        index, rows, offsets, mode="sum", per_sample_weights=w, include_last_offset=True
+    )
+    if mode == "mean":
+        lengths = (offsets[1:] - offsets[:-1]).clamp(min=1).to(rows.dtype)
+        pooled = pooled / lengths.unsqueeze(1)
+    return pooled
