@@ -1,6 +1,8 @@
-"""One reading of a table spec dict (csrc/python/spec_dict.h) for the shard's
-Server(tables=...) and the client's create_tables: the same refusal, word for word, for each
-bad key, and the multi-table push/commit refusals naming the call and the table."""
+"""The binding's refusals, each from one code: a table spec dict is read once
+(csrc/python/spec_dict.h) for the shard's Server(tables=...) and the client's create_tables,
+and the one-table and multi-table calls check their common arguments once
+(csrc/python/client_args.h): the same refusal, word for word, from either side; the
+multi-table push/commit refusals name the call and the table."""
 
 from __future__ import annotations
 
@@ -123,3 +125,54 @@ def test_multi_table_updates_name_the_call_and_the_table_they_refuse():
         c.close()
     finally:
         server.stop()
+
+
+# ---- the calls' common arguments (client_args.h) ----------------------------------------------
+
+# (commit's arguments after (session, step), the refusal)
+COMMITS = [
+    ((2, 2), "rank must be in 0..world_size-1, got rank 2 world_size 2"),
+    ((0, 0), "rank must be in 0..world_size-1, got rank 0 world_size 0"),
+    ((0, 1, {"max_ahead": 0}), "max_ahead must be in 1.."),
+    ((0, 1, {"base_step": -1}), "base_step must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize(("args", "why"), COMMITS, ids=[c[1] for c in COMMITS])
+def test_commit_and_commit_tables_refuse_alike(client, args, why):
+    rank, world, *kw = args
+    extra = kw[0] if kw else {}
+    k = np.array([1, 2], np.int64)
+    g = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError) as one:
+        client.commit(1, 0, rank, world, k, g, 0.1, **extra)
+    with pytest.raises(ValueError) as many:
+        client.commit_tables(1, 0, rank, world, {"x": (k, g, 0.1)}, **extra)
+    assert str(one.value) == str(many.value) and why in str(one.value)
+
+
+def test_pulls_refuse_row_steps_without_a_session_alike(client):
+    k = np.array([1, 2], np.int64)
+    for call, pull in (
+        ("pull_async", lambda **kw: client.pull_async(k, **kw)),
+        ("pull_tables", lambda **kw: client.pull_tables_async({"x": k}, **kw)),
+    ):
+        for flag in ("row_steps", "row_states"):
+            with pytest.raises(ValueError) as e:
+                pull(**{flag: True})
+            assert str(e.value) == f"{call}: row_steps and row_states need a session"
+
+
+def test_lr_and_optimizer_refusals_name_the_table_in_multi_table_calls(client):
+    k = np.array([1, 2], np.int64)
+    g = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError) as one:
+        client.push(k, g, -1.0)
+    with pytest.raises(ValueError) as many:
+        client.push_tables({"x": (k, g, -1.0)})
+    assert str(many.value) == f"push_tables table 'x': {one.value}"
+    with pytest.raises(ValueError) as one:
+        client.push(k, g, 0.1, "adam")
+    with pytest.raises(ValueError) as many:
+        client.push_tables({"x": (k, g, 0.1)}, optimizer="adam")
+    assert str(many.value) == str(one.value)
