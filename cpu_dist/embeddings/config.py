@@ -13,6 +13,7 @@ table means the same thing in a job file, on a shard and in a user's model.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum, unique
 from typing import Any
@@ -134,7 +135,8 @@ class EmbeddingBagConfig:
     embedding_dim: int
     name: str = ""
     data_type: DataType = DataType.FP32
-    feature_names: tuple[str, ...] = field(default_factory=tuple)
+    # A list or tuple, as TorchRec's takes; held as a tuple (a frozen config is hashable).
+    feature_names: Sequence[str] = field(default_factory=tuple)
     weight_init_max: float | None = None
     weight_init_min: float | None = None
     pooling: PoolingType = PoolingType.SUM
@@ -240,7 +242,7 @@ class EmbeddingBagConfig:
         return TableConfig(
             name=self.name,
             dim=self.embedding_dim,
-            features=self.feature_names,
+            features=tuple(self.feature_names),
             num_embeddings=self.num_embeddings,
             optimizer=self.optimizer,
             lr=self.lr,
