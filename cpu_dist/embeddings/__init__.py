@@ -9,7 +9,7 @@ parameter server (docs/DESIGN.md, "The embeddings API").  This package imports t
 and ``cpu_dist.common`` only: no native module, no MPI, so serving can use it.
 """
 
-from cpu_dist.embeddings.collection import EmbeddingBagCollection
+from cpu_dist.embeddings.collection import EmbeddingBagCollection, collections_of, sparse_step
 from cpu_dist.embeddings.config import (
     DataType,
     EmbeddingBagConfig,
@@ -33,7 +33,9 @@ __all__ = [
     "PoolingType",
     "RowSource",
     "as_keyed_jagged",
+    "collections_of",
     "configs_of",
     "job_tables_of",
     "pool_bags",
+    "sparse_step",
 ]

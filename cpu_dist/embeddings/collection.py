@@ -21,7 +21,7 @@ from cpu_dist.embeddings.keyed import KeyedTensor
 from cpu_dist.embeddings.pooling import pool_bags
 from cpu_dist.embeddings.rows import LocalRows, RowSource
 
-__all__ = ["EmbeddingBagCollection", "table_ids"]
+__all__ = ["EmbeddingBagCollection", "collections_of", "sparse_step", "table_ids"]
 
 
 def _as_config(table: object, index: int) -> EmbeddingBagConfig:
@@ -248,3 +248,24 @@ class EmbeddingBagCollection(nn.Module):
             f"{list(c.feature_names)}"
             for c in self._configs
         )
+
+
+def collections_of(model: nn.Module) -> list[tuple[str, EmbeddingBagCollection]]:
+    """Every :class:`EmbeddingBagCollection` a model owns, however deep, as ``(qualified
+    name, module)`` in ``named_modules`` order: what a job distributes (everything else is
+    dense)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, EmbeddingBagCollection)]
+
+
+def sparse_step(model: nn.Module, lr: float | None = None) -> dict[str, dict[str, int]]:
+    """:meth:`EmbeddingBagCollection.sparse_step` on every collection of ``model`` (call it
+    beside the dense optimizer's ``step()``): ``{collection's qualified name: rows updated
+    per table}``.
+
+    Example::
+
+        loss.backward()
+        dense_optimizer.step()
+        sparse_step(model)
+    """
+    return {name: ebc.sparse_step(lr) for name, ebc in collections_of(model)}

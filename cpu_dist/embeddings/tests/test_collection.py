@@ -13,7 +13,9 @@ from cpu_dist.embeddings import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
     KeyedJaggedTensor,
+    collections_of,
     pool_bags,
+    sparse_step,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -300,3 +302,34 @@ def test_torchrecs_config_and_the_package_reexports():
     (config,) = ebc.embedding_bag_configs()
     assert config == cpu_dist.EmbeddingBagConfig(10, 2, "tr", feature_names=["f"], pooling="mean")
     assert "tr" in repr(ebc) and list(ebc.parameters()) == []  # rows are not dense parameters
+
+
+class TwoTower(torch.nn.Module):
+    """A user's model: two collections, one nested, and a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = EmbeddingBagCollection([EmbeddingBagConfig(0, 2, "u", feature_names=["a"])])
+        self.item = torch.nn.Sequential(
+            EmbeddingBagCollection([EmbeddingBagConfig(0, 2, "i", feature_names=["b"])])
+        )
+        self.dense = torch.nn.Linear(2, 1)
+
+    def forward(self, kjt):
+        return (self.dense(self.user(kjt).values()) * self.item(kjt).values()).sum()
+
+
+def test_every_collection_of_a_model_is_found_and_stepped():
+    model = TwoTower()
+    assert [n for n, _ in collections_of(model)] == ["user", "item.0"]
+    kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b"], T([1, 2, 3]), T([1, 2]))
+    before = {n: m.table_rows() for n, m in collections_of(model)}
+    model(kjt).backward()
+    assert sparse_step(model, lr=0.1) == {"user": {"u": 1}, "item.0": {"i": 2}}
+    for n, m in collections_of(model):
+        (table,) = m.table_rows()
+        assert len(before[n][table][0]) == 0 and len(m.table_rows()[table][0]) > 0
+        ids, rows = m.table_rows()[table]
+        config = m.embedding_bag_configs()[0]
+        assert not np.array_equal(rows, row_init(0, ids, 2, config.init_scale, table))
+    assert {n for n, _ in model.named_parameters()} == {"dense.weight", "dense.bias"}
