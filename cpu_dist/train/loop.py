@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from cpu_dist.checkpoint.coordinator import Checkpointer
+from cpu_dist.checkpoint.coordinator import Checkpointer, job_tables
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
@@ -411,13 +411,15 @@ class Worker:
             dtype=m.dtype,
             seed=self.cfg.train.seed,
             init_scale=m.init_scale,
-            table=TABLE,
+            table=self.cfg.tables.tables[0].name,  # what the checkpoint's export records
         )
         dense = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         assert self.cfg.output.export is not None
         out = Path(self.cfg.output.export)
         data = data_spec(self.cfg.settings())
-        export_from_client(self.client, dense, spec, steps, out, data=data)
+        export_from_client(
+            self.client, dense, spec, steps, out, data=data, tables=job_tables(self.cfg)
+        )
 
     def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
         result = self._evaluate(steps, final=True)

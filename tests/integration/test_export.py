@@ -204,12 +204,6 @@ def test_the_checkpoint_of_several_tables_exports_the_same_rows(tables_job):
         np.testing.assert_array_equal(a.dense[name].numpy(), b.dense[name].numpy())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="loop.Worker._export passes export_from_client neither the job's table records "
-    "(checkpoint.coordinator.job_tables(cfg): spec and features) nor its first table's name "
-    "(ModelSpec.table is 'embedding'), which the checkpoint's export records",
-)
 def test_a_job_and_its_checkpoint_export_the_same_table_specs(tables_job):
     tmp, bundle, _, _ = tables_job
     a = open_bundle(bundle)
