@@ -10,6 +10,7 @@ and the all-reduce see) and a 40M-row table costs only the rows a run touches.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -241,6 +242,58 @@ class EmbeddingBagCollection(nn.Module):
         if not isinstance(self._rows, LocalRows):
             raise RuntimeError("this collection's rows are not local")
         return {n: (t.ids.copy(), t.rows.copy()) for n, t in self._rows.tables.items()}
+
+    # The local rows in state_dict(), so that torch.save(model.state_dict()) keeps them:
+    # ``embedding_bags.<table>.ids`` / ``.weight`` / ``.optimizer_state`` (TorchRec's prefix;
+    # ids, since a lazy table holds only touched rows).  A source that is not local (a job's
+    # parameter server) holds its rows itself, and nothing is saved here.
+    _ARRAYS = ("ids", "weight", "optimizer_state")
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if isinstance(self._rows, LocalRows):
+            for name, table in self._rows.tables.items():
+                for key, array in table.arrays().items():
+                    destination[f"{prefix}embedding_bags.{name}.{key}"] = torch.from_numpy(array)
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        errors: list[str],
+    ) -> None:
+        mine = f"{prefix}embedding_bags."
+        if isinstance(self._rows, LocalRows):
+            loads, refused, incomplete = [], [], False
+            for name, table in self._rows.tables.items():
+                keys = {k: f"{mine}{name}.{k}" for k in self._ARRAYS}
+                absent = [full for full in keys.values() if full not in state_dict]
+                if absent:
+                    missing_keys.extend(absent)
+                    incomplete = True
+                    continue
+                arrays = {k: state_dict[full].numpy() for k, full in keys.items()}
+                try:
+                    table.check(arrays)
+                except ValueError as exc:
+                    refused.append(str(exc))
+                loads.append((table, arrays))
+            errors.extend(refused)
+            # every table is checked first: none is loaded when one is refused (or, strict,
+            # when one is missing), as load_state_dict then raises
+            if not refused and not (strict and incomplete):
+                for table, arrays in loads:
+                    table.load(arrays)
+            known = {f"{mine}{n}.{k}" for n in self._rows.tables for k in self._ARRAYS}
+            unexpected_keys.extend(k for k in state_dict if k.startswith(mine) and k not in known)
+        rest = {k: v for k, v in state_dict.items() if not k.startswith(mine)}
+        super()._load_from_state_dict(
+            rest, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+        )
 
     def extra_repr(self) -> str:
         return ", ".join(

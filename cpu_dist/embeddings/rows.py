@@ -93,6 +93,40 @@ class LazyTable:
                 self.state = np.insert(self.state, at, blank, axis=0)
         return out
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The held state as arrays (copies): ``ids``, ``weight``, ``optimizer_state``."""
+        return {
+            "ids": self.ids.copy(),
+            "weight": self.rows.copy(),
+            "optimizer_state": self.state.copy(),
+        }
+
+    def check(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Refuse :meth:`arrays`' that this table cannot hold: ids not sorted unique int64,
+        rows not ``[n, dim]``, a state not of this optimizer's shape."""
+        ids = np.asarray(arrays["ids"])
+        rows = np.asarray(arrays["weight"])
+        state = np.asarray(arrays["optimizer_state"])
+        where = f"table {self.name!r}"
+        if ids.dtype != np.int64 or ids.ndim != 1 or np.any(np.diff(ids) <= 0):
+            raise ValueError(f"{where}: ids must be sorted unique int64 [n]")
+        n = len(ids)
+        if rows.shape != (n, self.dim):
+            raise ValueError(f"{where}: weight {rows.shape}: expected ({n}, {self.dim})")
+        if state.shape != (n, *self.state.shape[1:]):
+            raise ValueError(
+                f"{where}: optimizer_state {state.shape}: expected {(n, *self.state.shape[1:])} "
+                f"({self.optimizer})"
+            )
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Replace the held state by :meth:`arrays`' (after :meth:`check`)."""
+        self.check(arrays)
+        ids, rows, state = arrays["ids"], arrays["weight"], arrays["optimizer_state"]
+        self.ids = np.asarray(ids, dtype=np.int64).copy()
+        self.rows = np.ascontiguousarray(rows, dtype=np.float32).copy()
+        self.state = np.ascontiguousarray(state, dtype=np.float32).copy()
+
     def update(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """``contracts.sparse_update`` on the held rows ``ids`` (sorted, unique) with their
         aggregated gradients, the parameter server's arithmetic."""

@@ -333,3 +333,37 @@ def test_every_collection_of_a_model_is_found_and_stepped():
         config = m.embedding_bag_configs()[0]
         assert not np.array_equal(rows, row_init(0, ids, 2, config.init_scale, table))
     assert {n for n, _ in model.named_parameters()} == {"dense.weight", "dense.bias"}
+
+
+def test_state_dict_round_trips_the_local_rows_and_optimizer_state(tmp_path):
+    trained = EmbeddingBagCollection(tables("adagrad"), seed=SEED)
+    (trained(batch()).values() * _loss_weights(11)).sum().backward()
+    trained.sparse_step()
+    state = trained.state_dict()
+    assert sorted(state) == sorted(
+        f"embedding_bags.{t}.{k}"
+        for t in ("items", "query")
+        for k in ("ids", "weight", "optimizer_state")
+    )
+    torch.save(state, tmp_path / "m.pt")
+    fresh = EmbeddingBagCollection(tables("adagrad"), seed=SEED)
+    fresh.load_state_dict(torch.load(tmp_path / "m.pt"))
+    for (n, (ids, rows)), (_, (ids2, rows2)) in zip(
+        trained.table_rows().items(), fresh.table_rows().items()
+    ):
+        assert np.array_equal(ids, ids2) and np.array_equal(rows, rows2), n
+    assert torch.equal(fresh(batch()).values(), trained(batch()).values())
+    # another optimizer's state does not fit: refused naming the table, nothing half-loaded
+    sgd = EmbeddingBagCollection(tables("sgd"), seed=SEED)
+    fits = dict(state)  # query's state made to fit sgd's [n]: only items' is refused
+    fits["embedding_bags.query.optimizer_state"] = torch.zeros(3)
+    with pytest.raises(RuntimeError, match=r"table 'items': optimizer_state .* \(sgd\)"):
+        sgd.load_state_dict(fits)
+    assert all(len(ids) == 0 for ids, _ in sgd.table_rows().values())
+    partial = {k: v for k, v in state.items() if not k.startswith("embedding_bags.query.")}
+    with pytest.raises(RuntimeError, match=r"Missing key.*embedding_bags.query.ids"):
+        sgd.load_state_dict(partial)
+    assert all(len(ids) == 0 for ids, _ in sgd.table_rows().values())
+    extra = {**state, "embedding_bags.other.ids": state["embedding_bags.items.ids"]}
+    with pytest.raises(RuntimeError, match=r"Unexpected key.*embedding_bags.other.ids"):
+        fresh.load_state_dict(extra)
