@@ -28,7 +28,7 @@ py::object copy_out(const std::vector<T>& v) {
 
 }  // namespace
 
-py::object Handle::wait(std::optional<double> timeout_s) {
+void OpHandle::wait_done(std::optional<double> timeout_s) {
   const double t = to_timeout(timeout_s);
   bool done;
   {
@@ -37,6 +37,10 @@ py::object Handle::wait(std::optional<double> timeout_s) {
   }
   if (!done) throw ps::WaitTimeout("operation not finished within " + std::to_string(t) + " s");
   op_->raise_if_failed();
+}
+
+py::object Handle::wait(std::optional<double> timeout_s) {
+  wait_done(timeout_s);
   if (rows_ < 0) return py::none();
   if (!result_) result_ = owned_rows(op_->take_output(), rows_, dim_);
   return result_;
@@ -58,14 +62,7 @@ py::object Handle::row_states() const {
 }
 
 py::dict TablesHandle::wait(std::optional<double> timeout_s) {
-  const double t = to_timeout(timeout_s);
-  bool done;
-  {
-    py::gil_scoped_release release;
-    done = op_->wait(t);
-  }
-  if (!done) throw ps::WaitTimeout("operation not finished within " + std::to_string(t) + " s");
-  op_->raise_if_failed();
+  wait_done(timeout_s);
   if (!result_) {
     py::dict out;
     for (size_t i = 0; i < tables_.size(); ++i)
@@ -124,8 +121,8 @@ template <class H>
 void def_handle(py::module_& m, const char* name, const char* doc, const HandleDocs& d) {
   py::class_<H>(m, name, doc)
       .def("wait", &H::wait, py::arg("timeout_s") = py::none(), d.wait.c_str())
-      .def("done", &H::done)
-      .def("committed_step", &H::committed_step, d.committed_step.c_str())
+      .def("done", &OpHandle::done)
+      .def("committed_step", &OpHandle::committed_step, d.committed_step.c_str())
       .def("row_steps", &H::row_steps, d.row_steps.c_str())
       .def("row_states", &H::row_states, d.row_states.c_str());
 }
