@@ -34,6 +34,8 @@ def pool_bags(
         weights: ``[n]`` per-value weights, or None (all 1).
         mode: ``"sum"`` (``sum(w * row)``) or ``"mean"`` (that sum divided by the bag's
             length, FBGEMM's convention, weighted or not).  An empty bag pools to zeros.
+            Where every bag holds one id the rows are looked up with ``F.embedding`` (the
+            same values; its gradient sums in the order the one-hot embedding always has).
 
     Example::
 
@@ -44,6 +46,12 @@ def pool_bags(
     if mode not in POOLINGS:
         raise ValueError(f"pooling mode {mode!r}: must be one of {', '.join(POOLINGS)}")
     w = None if weights is None else weights.to(rows.dtype)
+    if len(index) == len(offsets) - 1 and bool(((offsets[1:] - offsets[:-1]) == 1).all()):
+        # One id per bag (a one-hot feature: Criteo's, the default DLRM's): sum and mean are
+        # the row itself, looked up with the op the one-hot embedding has always used
+        # (F.embedding), so such a model's forward and gradient bits stay what they were.
+        looked = F.embedding(index, rows)
+        return looked if w is None else looked * w.unsqueeze(1)
     pooled = F.embedding_bag(
         index, rows, offsets, mode="sum", per_sample_weights=w, include_last_offset=True
     )

@@ -367,3 +367,32 @@ def test_state_dict_round_trips_the_local_rows_and_optimizer_state(tmp_path):
     extra = {**state, "embedding_bags.other.ids": state["embedding_bags.items.ids"]}
     with pytest.raises(RuntimeError, match=r"Unexpected key.*embedding_bags.other.ids"):
         fresh.load_state_dict(extra)
+
+
+def test_one_hot_features_keep_the_bits_of_todays_one_hot_embedding():
+    """Today's one-hot embedding (``ShardedEmbedding``): one ``F.embedding`` of the table's
+    unique rows over ``[B, F]``.  A collection of the same features gives the same forward and,
+    after an SGD step, the same rows bit for bit (so the same gradients)."""
+    names = [f"cat_{f}" for f in range(3)]
+    config = EmbeddingBagConfig(0, 8, "embedding", feature_names=names, lr=0.5)
+    ebc = EmbeddingBagCollection([config])
+    g = torch.Generator().manual_seed(0)
+    B = 64
+    ids = torch.randint(0, 20, (B, 3), generator=g) + torch.arange(3) * 100  # fused-like keys
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        names, ids.t().reshape(-1), torch.ones(3 * B, dtype=torch.int64)
+    )
+    up = torch.randn(B, 3 * 8, generator=g)
+    kt = ebc(kjt)
+    (kt.values() * up).sum().backward()
+    ebc.sparse_step()
+    uniq, inverse = np.unique(ids.numpy().reshape(-1), return_inverse=True)
+    leaf = torch.from_numpy(row_init(0, uniq, 8, config.init_scale, "embedding"))
+    leaf.requires_grad_(True)
+    today = torch.nn.functional.embedding(torch.from_numpy(inverse.reshape(B, 3)), leaf)
+    assert torch.equal(kt.values(), today.reshape(B, 24))
+    (today.reshape(B, 24) * up).sum().backward()
+    rows = leaf.detach().numpy().copy()
+    sparse_update("sgd", rows, None, leaf.grad.numpy(), 0.5)
+    held_ids, held = ebc.table_rows()["embedding"]
+    assert np.array_equal(held_ids, uniq) and np.array_equal(held, rows)
