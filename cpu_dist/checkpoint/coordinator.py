@@ -17,9 +17,8 @@ from __future__ import annotations
 import secrets
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 from mpi4py import MPI
 
 from cpu_dist.common.config import Config
@@ -29,7 +28,6 @@ from cpu_dist.common.flags import setting_flag
 from cpu_dist.common.mpi_context import EXIT_STOPPED, STOP, wait_all
 from cpu_dist.sparse import Client
 
-from . import dense_state
 from .manifest import (
     DENSE,
     FileEntry,
@@ -43,6 +41,9 @@ from .manifest import (
     step_dir_name,
     steps_done,
 )
+
+if TYPE_CHECKING:  # a PS rank's preflight reads manifests here and must not import torch
+    import torch
 
 # Settings a resumed job must share with the checkpoint: they decide what the saved state means.
 # The learning rates are not among them: the sparse one travels with every commit, the dense
@@ -217,6 +218,8 @@ class Checkpointer:
             )
             for p, r in zip(paths, results)
         ]
+        from . import dense_state  # torch: only where a dense state is written
+
         dense = dense_state.save_dense(step_dir / DENSE, self.model, optimizer_state, step)
         tables = job_tables(self.cfg)
         m = Manifest(
@@ -274,6 +277,8 @@ class Checkpointer:
         if info is None:
             return 0
         path, step, self.run_id = info
+        from . import dense_state  # torch: only where a dense state is read
+
         optimizer_state = dense_state.load_dense(Path(path) / DENSE, self.model, step)
         for group in optimizer_state.get("param_groups", []):
             group["lr"] = self.cfg.train.lr  # this run's, which may differ from the saved one

@@ -40,6 +40,7 @@ from cpu_dist.common.files import (
     replace_dir,
     temp_sibling,
 )
+from cpu_dist.serving.errors import BundleError
 
 # Version 2 adds "data", version 3 a folder per table ("tables"); versions 1 and 2 (one table,
 # keys.npy and rows.npy beside the manifest) are still read.
@@ -58,10 +59,6 @@ def check_table_name(name: str) -> None:
     """A table's name is a folder of the bundle: one plain path component."""
     if not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
         raise BundleError(f"table name {name!r} cannot be a bundle folder")
-
-
-class BundleError(RuntimeError):
-    """A bundle that cannot be used; the message names the file and the problem."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from cpu_dist.common.tokens import TokenError, external_token
 from cpu_dist.data.layout import LayoutError
 from cpu_dist.data.run_length import RunLengthError
 from cpu_dist.data.tsv_parse import CriteoFormatError
-from cpu_dist.serving.bundle import BundleError
+from cpu_dist.serving.errors import BundleError
 from cpu_dist.sparse import PSError
 from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.preflight import SetupError, preflight
