@@ -176,3 +176,13 @@ def test_lr_and_optimizer_refusals_name_the_table_in_multi_table_calls(client):
     with pytest.raises(ValueError) as many:
         client.push_tables({"x": (k, g, 0.1)}, optimizer="adam")
     assert str(many.value) == str(one.value)
+
+
+@pytest.mark.parametrize("size", [0, 2**31])
+def test_server_and_client_refuse_a_bad_max_message_bytes_alike(size):
+    with pytest.raises(ValueError) as server_err:
+        Server(4, TOKEN, init_scale=0.1, max_message_bytes=size)
+    with pytest.raises(ValueError) as client_err:
+        Client(["127.0.0.1:1"], TOKEN, 4, max_message_bytes=size)
+    assert str(server_err.value) == str(client_err.value)
+    assert str(client_err.value).startswith(f"max_message_bytes must be in 1..2^31-1, got {size}")

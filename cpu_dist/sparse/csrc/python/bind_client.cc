@@ -96,9 +96,7 @@ ClientHolder make_client(std::vector<std::string> addresses, std::string token, 
                          std::optional<std::vector<std::pair<std::string, uint32_t>>> tables,
                          uint32_t max_keys_per_rpc, uint32_t channels_per_shard, double timeout_s,
                          int64_t max_message_bytes, const std::string& compression) {
-  if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
-    throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
-                          std::to_string(max_message_bytes));
+  const int message_bytes = to_message_bytes(max_message_bytes);
   ps::ClientOptions o;
   o.addresses = std::move(addresses);
   o.token = std::move(token);
@@ -111,7 +109,7 @@ ClientHolder make_client(std::vector<std::string> addresses, std::string token, 
   o.max_keys_per_rpc = max_keys_per_rpc;
   o.channels_per_shard = channels_per_shard;
   o.timeout_s = to_timeout(timeout_s);
-  o.max_message_bytes = static_cast<int>(max_message_bytes);
+  o.max_message_bytes = message_bytes;
   o.compression = parse_compression(compression);
   return ClientHolder(std::make_unique<PsClient>(std::move(o)).release());
 }

@@ -65,9 +65,7 @@ ServerHolder make_server(uint32_t dim, std::string token, std::optional<float> i
                          std::vector<ps::ShardTableSpec> tables, bool test_hooks) {
   if (dim > 0 && !init_scale)
     throw py::value_error("init_scale is required with dim (the flag-declared table's)");
-  if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX)
-    throw py::value_error("max_message_bytes must be in 1..2^31-1, got " +
-                          std::to_string(max_message_bytes));
+  const int message_bytes = to_message_bytes(max_message_bytes);
   if (port < 0 || port > 65535)
     throw py::value_error("port must be in 0..65535, got " + std::to_string(port));
   if (max_blocks_per_stripe == 0 || max_blocks_per_stripe > 65536)
@@ -84,7 +82,7 @@ ServerHolder make_server(uint32_t dim, std::string token, std::optional<float> i
   o.seed = seed;
   o.shard_index = shard_index;
   o.num_shards = num_shards;
-  o.max_message_bytes = static_cast<int>(max_message_bytes);
+  o.max_message_bytes = message_bytes;
   o.max_blocks_per_stripe = max_blocks_per_stripe;
   o.checkpoint_dir = std::move(checkpoint_dir);
   o.session_idle_timeout_s = lim.session_idle_timeout_s;

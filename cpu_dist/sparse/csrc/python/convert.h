@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,13 @@ inline std::string shape_str(const py::array& a) {
 // Longest wait C++ is asked for (~31 years): a double this size still converts to chrono
 // durations and deadlines without overflow, and nobody waits that long on purpose.
 constexpr double kMaxTimeoutS = 1e9;
+
+// The max_message_bytes keyword (client and shard alike) as gRPC takes it: an int.
+inline int to_message_bytes(int64_t v) {
+  if (v <= 0 || v > INT32_MAX)
+    throw py::value_error("max_message_bytes must be in 1..2^31-1, got " + std::to_string(v));
+  return static_cast<int>(v);
+}
 
 // A Python timeout as C++ takes it: None waits forever (-1); NaN is an error; negatives mean
 // "don't wait" (0); anything huge (inf included) is capped at kMaxTimeoutS.
