@@ -241,7 +241,7 @@ class EmbeddingBagCollection(nn.Module):
         """Per table, the local rows held: (sorted ids int64 [n], float32 rows [n, dim])."""
         if not isinstance(self._rows, LocalRows):
             raise RuntimeError("this collection's rows are not local")
-        return {n: (t.ids.copy(), t.rows.copy()) for n, t in self._rows.tables.items()}
+        return {n: (t.ids.copy(), t.rows) for n, t in self._rows.tables.items()}
 
     # The local rows in state_dict(), so that torch.save(model.state_dict()) keeps them:
     # ``embedding_bags.<table>.ids`` / ``.weight`` / ``.optimizer_state`` (TorchRec's prefix;

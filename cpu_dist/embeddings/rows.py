@@ -53,53 +53,92 @@ class RowSource(Protocol):
 
 
 class LazyTable:
-    """One table's touched rows: sorted int64 ids, float32 rows ``[n, dim]`` and optimizer
-    state (``[n]`` or ``[n, dim]``, ``contracts.state_floats``), grown at first touch."""
+    """One table's touched rows, grown at first touch: float32 rows and optimizer state
+    (``[.., dim]`` or ``[..]``, ``contracts.state_floats``) in touch order, in arrays whose
+    capacity doubles, and a sorted index (ids, slots) to find them.  A new id moves only the
+    index's int64 entries, never the rows, so a step that touches new ids costs
+    ``O(index + new rows)``, not a copy of the table."""
 
     def __init__(self, spec: TableSpec, seed: int) -> None:
         self.name, self.dim = spec.name, int(spec.embedding_dim)
         self.scale, self.seed = float(spec.init_scale), int(seed)
         self.optimizer, self.eps = spec.optimizer, float(spec.eps)
-        self.ids = np.zeros(0, dtype=np.int64)
-        self.rows = np.zeros((0, self.dim), dtype=np.float32)
         width = state_floats(self.optimizer, self.dim)
-        self.state = np.zeros((0, self.dim) if width > 1 else (0,), dtype=np.float32)
+        self._state_shape: tuple[int, ...] = (self.dim,) if width > 1 else ()
+        self._set(
+            np.zeros(0, dtype=np.int64),
+            np.zeros((0, self.dim), dtype=np.float32),
+            np.zeros((0, *self._state_shape), dtype=np.float32),
+        )
+
+    def _set(self, ids: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:
+        """Hold exactly these (sorted ids, their rows and state)."""
+        self._ids = ids
+        self._slots = np.arange(len(ids), dtype=np.int64)
+        self._rows, self._state, self._n = rows, state, len(ids)
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self._n
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The held ids, sorted (a view: do not modify)."""
+        return self._ids
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The held rows in id order (a copy)."""
+        return self._rows[self._slots]
+
+    @property
+    def state(self) -> np.ndarray:
+        """The held optimizer state in id order (a copy)."""
+        return self._state[self._slots]
 
     def _where(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pos = np.searchsorted(self.ids, ids)
+        pos = np.searchsorted(self._ids, ids)
         found = np.zeros(len(ids), dtype=bool)
-        inside = pos < len(self.ids)
-        found[inside] = self.ids[pos[inside]] == ids[inside]
+        inside = pos < len(self._ids)
+        found[inside] = self._ids[pos[inside]] == ids[inside]
         return pos, found
+
+    def _grow(self, extra: int) -> None:
+        need = self._n + extra
+        if need <= len(self._rows):
+            return
+        cap = max(need, 2 * len(self._rows), 16)
+        rows = np.empty((cap, self.dim), dtype=np.float32)
+        rows[: self._n] = self._rows[: self._n]
+        state = np.zeros((cap, *self._state_shape), dtype=np.float32)
+        state[: self._n] = self._state[: self._n]
+        self._rows, self._state = rows, state
 
     def get(self, ids: np.ndarray, create: bool) -> np.ndarray:
         """Rows of sorted unique ``ids`` (a copy); unseen ones are their first-touch rows,
         kept in the table when ``create``."""
         pos, found = self._where(ids)
         out = np.empty((len(ids), self.dim), dtype=np.float32)
-        out[found] = self.rows[pos[found]]
+        out[found] = self._rows[self._slots[pos[found]]]
         missing = ~found
         if missing.any():
             new = row_init(self.seed, ids[missing], self.dim, self.scale, self.name)
             out[missing] = new
             if create:
+                m = len(new)
+                self._grow(m)
+                slots = np.arange(self._n, self._n + m, dtype=np.int64)
+                self._rows[slots] = new
+                self._state[slots] = 0.0
                 at = pos[missing]
-                self.ids = np.insert(self.ids, at, ids[missing])
-                self.rows = np.insert(self.rows, at, new, axis=0)
-                blank = np.zeros((len(at), *self.state.shape[1:]), dtype=np.float32)
-                self.state = np.insert(self.state, at, blank, axis=0)
+                self._ids = np.insert(self._ids, at, ids[missing])
+                self._slots = np.insert(self._slots, at, slots)
+                self._n += m
         return out
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The held state as arrays (copies): ``ids``, ``weight``, ``optimizer_state``."""
-        return {
-            "ids": self.ids.copy(),
-            "weight": self.rows.copy(),
-            "optimizer_state": self.state.copy(),
-        }
+        """The held state as arrays in id order (copies): ``ids``, ``weight``,
+        ``optimizer_state``."""
+        return {"ids": self._ids.copy(), "weight": self.rows, "optimizer_state": self.state}
 
     def check(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Refuse :meth:`arrays`' that this table cannot hold: ids not sorted unique int64,
@@ -113,19 +152,20 @@ class LazyTable:
         n = len(ids)
         if rows.shape != (n, self.dim):
             raise ValueError(f"{where}: weight {rows.shape}: expected ({n}, {self.dim})")
-        if state.shape != (n, *self.state.shape[1:]):
+        if state.shape != (n, *self._state_shape):
             raise ValueError(
-                f"{where}: optimizer_state {state.shape}: expected {(n, *self.state.shape[1:])} "
+                f"{where}: optimizer_state {state.shape}: expected {(n, *self._state_shape)} "
                 f"({self.optimizer})"
             )
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Replace the held state by :meth:`arrays`' (after :meth:`check`)."""
         self.check(arrays)
-        ids, rows, state = arrays["ids"], arrays["weight"], arrays["optimizer_state"]
-        self.ids = np.asarray(ids, dtype=np.int64).copy()
-        self.rows = np.ascontiguousarray(rows, dtype=np.float32).copy()
-        self.state = np.ascontiguousarray(state, dtype=np.float32).copy()
+        self._set(
+            np.asarray(arrays["ids"], dtype=np.int64).copy(),
+            np.array(arrays["weight"], dtype=np.float32),
+            np.array(arrays["optimizer_state"], dtype=np.float32),
+        )
 
     def update(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """``contracts.sparse_update`` on the held rows ``ids`` (sorted, unique) with their
@@ -133,10 +173,11 @@ class LazyTable:
         pos, found = self._where(ids)
         if not found.all():
             raise KeyError(f"table {self.name!r}: id {int(ids[~found][0])} was never looked up")
-        rows, state = self.rows[pos], self.state[pos]
+        slots = self._slots[pos]
+        rows, state = self._rows[slots], self._state[slots]
         extra = {"eps": self.eps} if self.optimizer == "adagrad" else {}
         sparse_update(self.optimizer, rows, state, grads, lr, **extra)
-        self.rows[pos], self.state[pos] = rows, state
+        self._rows[slots], self._state[slots] = rows, state
 
 
 class LocalRows:
