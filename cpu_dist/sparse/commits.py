@@ -243,10 +243,6 @@ class SparseCommitter:
         self.rows_sent = 0
         # How many of the previous steps' commits each read did not see (async mode).
         self.staleness_seen: list[int] = []
-        # The rows the last submitted step writes (sorted), when the aggregation knows them.
-        self.written: np.ndarray | None = None
-        # ...per table, for a step of several tables (``submit_tables``).
-        self.written_tables: dict[str, np.ndarray | None] = {}
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="sparse-submit") if background else None
         )
@@ -284,7 +280,6 @@ class SparseCommitter:
         t0 = time.perf_counter()
         out = self.aggregation.reduce(keys, grads, union)
         self.exchange_s += time.perf_counter() - t0
-        self.written = out.written
         if self._pool is None:
             self._hand_off(step, out, then)
         else:
@@ -308,8 +303,6 @@ class SparseCommitter:
         t0 = time.perf_counter()
         out = self.aggregation.reduce_tables(parts)
         self.exchange_s += time.perf_counter() - t0
-        self.written = None
-        self.written_tables = {n: o.written for n, o in out.items()}
         if self._pool is None:
             self._hand_off_tables(step, out)
         else:

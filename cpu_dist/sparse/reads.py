@@ -1,11 +1,13 @@
 """Reading rows while commits are still being applied: the two rules, written once.
 
 1. A row that step t did not write holds the same value before and after commit t, so it may
-   be pulled as soon as step t+1's keys are known (:func:`written_by`, :class:`EarlyPull`).
+   be pulled as soon as step t+1's keys are known (:func:`written_by`, :class:`EarlyPull`,
+   every table of the step in one request).
 2. A row whose last writer is step s may be read once commit s is applied
    (:func:`pull_when_applied`: the commit-dependency wait).
 
-The uncached early pull and the cache stage's demand reads and staging all go through these.
+The early pulls (``cpu_dist/train/pipelines``) and the cache stage's demand reads and staging
+all go through these.
 
 :class:`TableReads` is the client's pulls over a job's tables in one shape (dicts per table),
 whichever wire form they take: the default job's one table the one-table requests, a job of
@@ -45,41 +47,72 @@ def pull_when_applied(
 
 
 class EarlyPull:
-    """Step t+1's rows (``unique``, sorted): those step t did not write are pulled now, in
-    the background (the client releases the GIL); the rest once commit t is applied."""
+    """Step t+1's rows (``unique``: sorted keys per table) on their way: those step t did not
+    write (``written``: its rows per table; a table missing or None: unknown, so all count as
+    written) are pulled now in one request, in the background (the client releases the GIL);
+    the rest once commit t is applied (:meth:`finish`)."""
 
     def __init__(
         self,
-        client: Client,
-        commits: AppliedWaiter,
+        reads: TableReads,
         step: int,
-        unique: np.ndarray,
-        written: np.ndarray | None,
+        unique: Mapping[str, np.ndarray],
+        written: Mapping[str, np.ndarray | None],
+        dims: Mapping[str, int],
+        *,
+        session: int | None = None,
     ) -> None:
-        self.client, self.commits, self.step, self.unique = client, commits, step, unique
-        dependent = written_by(unique, written)
-        self.dependent = np.flatnonzero(dependent)
-        self.independent = np.flatnonzero(~dependent)
-        self._early = client.pull_async(unique[self.independent])
+        """``session``: name the commit session, so that the reply says which commits its
+        shards hold (:meth:`TablesPull.committed_step`)."""
+        self.reads, self.step, self.unique, self.dims = reads, step, dict(unique), dims
+        self.dependent = {n: written_by(u, written.get(n)) for n, u in self.unique.items()}
+        self.early = reads.pull_async(self.part(written=False), session=session)
 
-    def finish(self, timeout_s: float) -> np.ndarray:
+    def part(self, written: bool) -> dict[str, np.ndarray]:
+        """Per table, the keys step t wrote (``written``) or those it did not."""
+        return {n: u[self.dependent[n] == written] for n, u in self.unique.items()}
+
+    def matches(self, step: int, unique: Mapping[str, np.ndarray]) -> bool:
+        """Whether this pull is the one a read of ``step`` of these keys needs."""
+        return (
+            self.step == step
+            and self.unique.keys() == unique.keys()
+            and all(np.array_equal(self.unique[n], unique[n]) for n in unique)
+        )
+
+    def combine(
+        self, late: Mapping[str, np.ndarray], early: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """Every table's rows of ``unique`` from the written (``late``) and the other rows."""
+        out = {}
+        for name, keys in self.unique.items():
+            rows = np.empty((len(keys), self.dims[name]), dtype=np.float32)
+            rows[self.dependent[name]] = late[name]
+            rows[~self.dependent[name]] = early[name]
+            out[name] = rows
+        return out
+
+    def finish(self, commits: AppliedWaiter, timeout_s: float) -> dict[str, np.ndarray]:
         """Every row of ``unique``, as after commit ``step - 1``."""
-        rows = np.empty((len(self.unique), self.client.dim), dtype=np.float32)
-        if len(self.dependent):
-            keys = self.unique[self.dependent]
-            rows[self.dependent] = pull_when_applied(self.client, self.commits, keys, self.step - 1)
-        rows[self.independent] = self._early.wait(timeout_s)
-        return rows
+        late = self.part(written=True)
+        if any(len(k) for k in late.values()):  # (else no request at all)
+            commits.wait_applied(self.step - 1)
+            rows = self.reads.pull(late)
+        else:
+            rows = {n: np.empty((0, self.dims[n]), np.float32) for n in late}
+        return self.combine(rows, self.early.wait(timeout_s))
 
     def discard(self, timeout_s: float) -> None:
         """Let the early pull end without using it (its step never ran)."""
-        self._early.wait(timeout_s)
+        self.early.wait(timeout_s)
 
 
 class TablesPull(Protocol):
     """A pull of several tables on its way (``_ps.TablesHandle``, or :class:`_OnePull`)."""
 
     def wait(self, timeout_s: float | None = None) -> dict[str, np.ndarray]: ...
+
+    def committed_step(self) -> int | None: ...
 
     def row_steps(self) -> dict[str, np.ndarray] | None: ...
 
@@ -94,6 +127,9 @@ class _OnePull:
 
     def wait(self, timeout_s: float | None = None) -> dict[str, np.ndarray]:
         return {self.name: self.handle.wait(timeout_s)}
+
+    def committed_step(self) -> int | None:
+        return self.handle.committed_step()
 
     def row_steps(self) -> dict[str, np.ndarray] | None:
         steps = self.handle.row_steps()

@@ -10,10 +10,12 @@ asserts on the fast workers' reads that they did run ahead of its commits."""
 import numpy as np
 import pytest
 
+from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.sparse import Client, row_init
 from cpu_dist.sparse.aggregation import make_aggregation
 from cpu_dist.sparse.commits import CommitSession, SparseCommitter, make_handoff
+from cpu_dist.sparse.reads import TableReads
 from cpu_dist.train.pipelines import AsyncPrefetchPipeline
 
 from .cluster import end_job, start_job
@@ -101,22 +103,23 @@ def test_early_pulls_hold_every_commit_the_async_rule_needs():
     # submit's id allgather keeps every worker within a step of the others: the slow one
     # holds back its chunks instead (HeldSession), until the others have read the next step.
     progress = up.session.progress = Progress(roles.comm, watcher=W - 1, timeout_s=60)
-    pipe = AsyncPrefetchPipeline(client, up, PhaseTimer(), 60.0, writes_known=True)
+    reads = TableReads(client, [TABLE], one_table=True)  # the default job's one table
+    pipe = AsyncPrefetchPipeline(reads, up, PhaseTimer(), {TABLE: DIM}, 60.0)
     read = np.arange(60, dtype=np.int64)  # rows 40..59 are read, never written: pulled early
     init = row_init(SEED, read, DIM, SCALE).astype(np.float64)
     # the rows after commits 0..n-1: distinct for every n, since every step adds a new sum
     sums = np.cumsum([0.0] + [sum(grad(w, t) for w in range(W)) / W for t in range(STEPS)])
     held = []
     for step in range(STEPS):
-        rows = pipe.read(step, read).numpy().astype(np.float64)
+        rows = pipe.read(step, {TABLE: read})[TABLE].numpy().astype(np.float64)
         assert np.array_equal(rows[40:], init[40:])
         n = np.abs((init[:40, :1] - rows[:40, :1]) / LR - sums[None, :]).argmin(axis=1)
         held.append(int(n.min()))
         if r != W - 1:
             progress.reached(step)  # read: the slow worker's chunks of step-1 may leave
-        pipe.submit(step, keys, np.full((40, DIM), grad(r, step), np.float32))
+        pipe.submit(step, {TABLE: keys}, {TABLE: np.full((40, DIM), grad(r, step), np.float32)})
         if step + 1 < STEPS:
-            pipe.prefetch(step + 1, read)
+            pipe.prefetch(step + 1, {TABLE: read})
     pipe.finish(STEPS - 1)
     progress.close()
     assert all(n >= step - K for step, n in enumerate(held)), held  # commits <= step-1-K

@@ -5,8 +5,9 @@ commit it is given."""
 import numpy as np
 import pytest
 
+from cpu_dist.common.contracts import TABLE
 from cpu_dist.sparse import Client, Server
-from cpu_dist.sparse.reads import EarlyPull, pull_when_applied, written_by
+from cpu_dist.sparse.reads import EarlyPull, TableReads, pull_when_applied, written_by
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,22 +34,27 @@ def test_early_pull_reads_written_rows_after_the_commit(client):
     written = np.array([3, 5, 9], dtype=np.int64)
     unique = np.array([1, 3, 4, 9, 12], dtype=np.int64)
     commits = Applied()
-    early = EarlyPull(client, commits, 8, unique, written)
-    np.testing.assert_array_equal(unique[early.dependent], [3, 9])
-    np.testing.assert_array_equal(unique[early.independent], [1, 4, 12])
+    reads = TableReads(client, [TABLE], one_table=True)
+    early = EarlyPull(reads, 8, {TABLE: unique}, {TABLE: written}, {TABLE: 4})
+    np.testing.assert_array_equal(early.part(written=True)[TABLE], [3, 9])
+    np.testing.assert_array_equal(early.part(written=False)[TABLE], [1, 4, 12])
     # "commit 7" lands after the early pull started: the written rows change now.
     client.push(written, np.ones((3, 4), np.float32), 1.0)
-    rows = early.finish(10)
+    rows = early.finish(commits, 10)
     assert commits.waited == [7]
-    np.testing.assert_array_equal(rows, client.pull(unique))
+    np.testing.assert_array_equal(rows[TABLE], client.pull(unique))
 
 
 def test_nothing_written_means_nothing_waits_and_unknown_means_everything_waits(client):
     unique = np.array([1, 3, 4], dtype=np.int64)
     commits = Applied()
-    none = EarlyPull(client, commits, 1, unique, np.zeros(0, np.int64))
-    np.testing.assert_array_equal(none.finish(10), client.pull(unique))
+    reads = TableReads(client, [TABLE], one_table=True)
+    none = EarlyPull(reads, 1, {TABLE: unique}, {TABLE: np.zeros(0, np.int64)}, {TABLE: 4})
+    np.testing.assert_array_equal(none.finish(commits, 10)[TABLE], client.pull(unique))
     assert commits.waited == []
+    unknown = EarlyPull(reads, 1, {TABLE: unique}, {}, {TABLE: 4})  # a table not named
+    assert len(unknown.part(written=False)[TABLE]) == 0
+    unknown.discard(10)
     assert written_by(unique, None).all()
     rows = pull_when_applied(client, commits, unique, 4)
     assert commits.waited == [4]
