@@ -2,9 +2,10 @@
 embedding rows on each worker, in front of the PS, on the GPU when one exists and on the CPU
 otherwise.
 
-``make_reader`` builds the stage from the job's Config; the result is a step pipeline (see
-``cpu_dist/train/pipelines.py``): the worker loop reads rows with ``read(step, keys)`` and hands
-gradients off with ``submit(step, keys, grads)`` (see gpu_cache/controller.py).
+``make_reader`` builds the stage from the job's Config; the result reads and writes one table,
+the fused ``embedding``, with ``read(step, keys)`` and ``submit(step, keys, grads)`` (see
+gpu_cache/controller.py); ``CacheStage`` (``cpu_dist/train/pipelines/cache.py``) makes it the
+worker loop's step pipeline, whose steps are dicts per table.
 """
 
 from __future__ import annotations

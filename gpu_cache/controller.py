@@ -88,7 +88,8 @@ class Commits(Protocol):
 
 
 class CachedRowReader:
-    """The cache stage as a step pipeline (``cpu_dist.train.pipelines.StepPipeline``)."""
+    """The cache stage of the one fused table; ``CacheStage`` (``cpu_dist/train/pipelines/``)
+    makes it a step pipeline of the loop's per-table dicts."""
 
     prefetch_early = False  # its prefetch plans from the rows the last step wrote
 

@@ -2,7 +2,7 @@
 
 Per step: this worker's slice of the global batch -> each table's keys (``TableKeySplit``; the
 default job's one fused table keeps the fused keys) -> their unique keys -> the step pipeline reads
-their rows (``pipelines.py``: it waits for whatever commit the rows depend on) -> forward and
+their rows (``pipelines/``: it waits for whatever commit the rows depend on) -> forward and
 backward -> the pipeline hands the unique rows' gradients to the PS -> all-reduce and apply the
 dense gradients.  Step t+1 therefore reads rows that hold every worker's step-t update, and the
 model equals a single-process run on the global batch.  The loop does not know which pipeline
