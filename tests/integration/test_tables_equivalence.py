@@ -174,3 +174,28 @@ def test_tables_of_three_widths_and_optimizers_equal_the_reference(tmp):
     assert_same_bits(caught_up, barrier, "mixed: caught-up async (P=2) vs barrier (P=1)")
     s = read_summary(log)
     assert s["rows_caught_up"] > 0 and s["staleness_max"] == 0, s
+
+
+def test_async_under_ps_aggregation_pulls_every_tables_rows_early(tmp):
+    """``--sparse-sync async`` (K >= 1) under ``ps`` aggregation pulls the rows a step did not
+    write during the step before, for every table of a job file, as for the default job: the
+    summary counts the early pulls used, the staleness stays within K, and the rows trained
+    are the reference's (async changes values, not which rows exist)."""
+    job = tmp / "mixed.toml"
+    job.write_text(MIXED_TOML)
+    flags = ["--config", str(job), "--max_step", "10", "--batch-size", "48"]
+    want = reference(flags, 10, 48, kind="synthetic", seed=0)
+    log = tmp / "mixed-ps-async.jsonl"
+    got = train(
+        tmp,
+        "mixed-ps-async",
+        2,
+        2,
+        [*flags, "--sparse-sync", "async", "--max-staleness", "1", "--metrics-out", str(log)],
+    )
+    s = read_summary(log)
+    assert s["reads_early"] >= 1 and s["staleness_max"] <= 1, s
+    for name, (keys, values) in table_rows(want).items():
+        got_keys, got_values = table_rows(got)[name]
+        np.testing.assert_array_equal(got_keys, keys, err_msg=name)
+        assert got_values.shape == values.shape and np.isfinite(got_values).all(), name
