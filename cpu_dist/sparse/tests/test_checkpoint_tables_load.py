@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from cpu_dist.common.tables import TableConfig
 from cpu_dist.sparse import Client, PSError, Server
 from cpu_dist.sparse.grpc_stubs import token_metadata
 
@@ -21,17 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def spec(name: str, dim: int, optimizer: str) -> dict:
-    return {
-        "name": name,
-        "dim": dim,
-        "optimizer": optimizer,
-        "init_scale": 0.1,
-        "seed": 5,
-        "num_embeddings": 0,
-        "admit_after": 0,
-        "expire_after": 0,
-        "eps": 1e-8 if optimizer == "adagrad" else 0.0,
-    }
+    """A shard's spec dict, made where the job makes its own (TableConfig.spec)."""
+    return TableConfig(name, dim, (), optimizer=optimizer, init_scale=0.1).spec(seed=5)
 
 
 SPECS = [spec("a", 4, "sgd"), spec("b", 8, "rowwise_adagrad"), spec("c", 16, "adagrad")]

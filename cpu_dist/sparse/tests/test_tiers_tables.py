@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 
+from cpu_dist.common.tables import TableConfig
 from cpu_dist.sparse import Client, PSError, Server
 from cpu_dist.sparse.server import make_server, parse_args
 
@@ -20,17 +21,8 @@ KEYS = 2000  # key space of each table
 
 
 def spec(name: str, dim: int, optimizer: str) -> dict:
-    return {
-        "name": name,
-        "dim": dim,
-        "optimizer": optimizer,
-        "init_scale": 0.1,
-        "seed": 7,
-        "num_embeddings": 0,
-        "admit_after": 0,
-        "expire_after": 0,
-        "eps": 1e-8 if optimizer == "adagrad" else 0.0,
-    }
+    """A shard's spec dict, made where the job makes its own (TableConfig.spec)."""
+    return TableConfig(name, dim, (), optimizer=optimizer, init_scale=0.1).spec(seed=7)
 
 
 SPECS = [spec("narrow", 4, "sgd"), spec("mid", 16, "rowwise_adagrad"), spec("wide", 64, "adagrad")]
