@@ -74,12 +74,14 @@ class TwoTower(nn.Module):
         self.bias = nn.Parameter(torch.zeros(()))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        """Logits ``[B]``: the user and item vectors' dot product plus the bias."""
-        user_in = self.user["embeddings"](sparse).values()
+        """Logits ``[B]``: the user and item vectors' dot product plus the bias.  The towers
+        compute in the parameters' dtype (the rows are float32; a float64 job casts them)."""
+        dtype = self.bias.dtype
+        user_in = self.user["embeddings"](sparse).values().to(dtype)
         if self.dense_features:
-            user_in = torch.cat([user_in, dense], dim=1)
+            user_in = torch.cat([user_in, dense.to(dtype)], dim=1)
         u = self.user["mlp"](user_in)
-        v = self.item["mlp"](self.item["embeddings"](sparse).values())
+        v = self.item["mlp"](self.item["embeddings"](sparse).values().to(dtype))
         return (u * v).sum(1) + self.bias
 
 

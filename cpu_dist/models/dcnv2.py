@@ -182,7 +182,11 @@ class DLRMDCNv2(nn.Module):
         Args:
             dense: ``[B, dense_features]`` floats.
             sparse: the batch's ids, key-major, ``stride() == B`` (extra keys are ignored).
+
+        The dense layers compute in their own dtype (``model.double()`` for a float64 run);
+        the pooled float32 rows are cast to it, and their gradients back.
         """
+        dense = torch.as_tensor(dense)
         if dense.dim() != 2 or dense.shape[1] != self.dense_features:
             raise ValueError(
                 f"dense {tuple(dense.shape)}: expected [B, {self.dense_features}] (the model's "

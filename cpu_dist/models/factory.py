@@ -162,8 +162,15 @@ def _import(spec: ModelSpec) -> Any:
     try:
         return importlib.import_module(spec.target)
     except Exception as exc:
+        hint = ""
+        missing = getattr(exc, "name", None)
+        if isinstance(exc, ModuleNotFoundError) and missing and spec.target.startswith(missing):
+            # the module itself (not one it imports) is not on sys.path
+            hint = (
+                " (install it or put its directory on PYTHONPATH; a file is path/to/file.py:FUNC)"
+            )
         raise ModelError(
-            f"model {spec.spec!r}: cannot import {spec.target}: {type(exc).__name__}: {exc}"
+            f"model {spec.spec!r}: cannot import {spec.target}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
 
 

@@ -3,6 +3,7 @@ a deterministic dense init that the collection does not disturb, and a local tra
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -141,3 +142,15 @@ def test_a_local_step_moves_dense_and_touched_rows_and_lowers_the_loss():
         losses.append(loss.item())
     assert updated["sparse_arch"]["t2"] > 0  # rows of the 64-wide table were trained
     assert losses[-1] < losses[0]
+
+
+def test_float64_dense_layers_take_the_float32_rows_and_train_them():
+    model = dcnv2(tables(), 3, **SMALL).double()
+    dense, kjt = batch()
+    logits = model(dense, kjt)  # float32 dense inputs too: cast to the layers' dtype
+    assert logits.dtype == torch.float64
+    logits.sum().backward()
+    updated = sparse_step(model)["sparse_arch"]
+    assert set(updated) == {"t0", "t1", "t2"} and min(updated.values()) > 0
+    rows = model.sparse_arch.table_rows()
+    assert all(r.dtype == np.float32 for _, r in rows.values())  # rows stay float32

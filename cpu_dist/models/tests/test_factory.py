@@ -129,8 +129,8 @@ def test_a_module_spec_imports_the_module():
         ("", r"model '': expected a built-in name"),
         (
             "no_such_pkg.mod:f",
-            r"model 'no_such_pkg.mod:f': cannot import no_such_pkg.mod: "
-            r"ModuleNotFoundError",
+            r"model 'no_such_pkg.mod:f': cannot import no_such_pkg.mod: ModuleNotFoundError: "
+            r"No module named 'no_such_pkg' \(install it or put its directory on PYTHONPATH",
         ),
         (
             "cpu_dist.models.dcnv2:nothing",
@@ -208,3 +208,16 @@ def test_an_unexpected_argument_is_the_type_errors_text_with_the_spec(user_file:
         r"top_mlp \[2\]: the last width must be 1",
     ):
         build_model("dcnv2", TABLES, 3, {**SMALL, "top_mlp": [2]})
+
+
+def test_a_module_whose_own_import_fails_shows_that_cause(tmp_path: Path, monkeypatch):
+    pkg = tmp_path / "h8_user_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text("import h8_absent_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelError) as err:
+        resolve_model("h8_user_pkg.models:build")
+    text = str(err.value)
+    assert "cannot import h8_user_pkg.models: ModuleNotFoundError: No module named " in text
+    assert "'h8_absent_dependency'" in text and "PYTHONPATH" not in text  # not a path problem

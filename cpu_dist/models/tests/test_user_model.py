@@ -81,3 +81,12 @@ def test_it_trains_locally_and_the_loss_falls_on_a_learnable_signal():
         d, k, y = batch(256, seed=2)
         held_out = loss_fn(model(d, k), y).item()
     assert held_out < 0.3 * losses[0], (held_out, losses[-1])
+
+
+def test_a_float64_model_casts_the_float32_rows():
+    model = build_model(SPEC, TABLES, 2, {"tower_mlp": [4]}, seed=0).double()
+    dense, kjt, _ = batch(8, seed=3)
+    logits = model(dense, kjt)
+    assert logits.dtype == torch.float64 and logits.shape == (8,)
+    logits.sum().backward()
+    assert sparse_step(model)["item.embeddings"]["candidates"] > 0
