@@ -273,7 +273,8 @@ def build_model(
     Raises:
         ModelError: anything :func:`resolve_model` refuses; an argument the factory does not
             take (the ``TypeError``'s text); an exception while building (its type and text);
-            a result that is not an ``nn.Module``, owns no ``EmbeddingBagCollection``, or
+            a result that is not an ``nn.Module``, whose ``forward`` cannot be called as
+            ``forward(dense, sparse)``, that owns no ``EmbeddingBagCollection``, or
             whose collections do not hold the job's tables exactly once each.
 
     Example::
@@ -318,7 +319,24 @@ def build_model(
             f"model {spec!r}: the factory returned a {type(model).__name__}, expected an nn.Module"
         )
     _check_tables(spec, model, table_list)
+    _check_forward(spec, model)
     return model
+
+
+def _check_forward(spec: str, model: nn.Module) -> None:
+    """``model(dense, sparse)`` must bind: a job calls it so, and a model written for another
+    calling convention (``forward(batch)``) is better refused before the first step."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(torch.empty(0), None)
+    except TypeError as exc:
+        raise ModelError(
+            f"model {spec!r}: {type(model).__name__}.forward{signature} cannot be called as "
+            f"forward(dense, sparse): {exc}"
+        ) from exc
 
 
 def source_sha256(spec: str) -> str | None:

@@ -64,6 +64,13 @@ def changed_width(tables, dense_features):
     import dataclasses
     return Model([dataclasses.replace(t, embedding_dim=5) for t in tables], dense_features, 1)
 
+class OneArgument(Model):
+    def forward(self, batch):
+        return batch
+
+def one_argument(tables, dense_features):
+    return OneArgument(tables, dense_features, 1)
+
 def raises(tables, dense_features):
     raise RuntimeError("no GPU here")
 
@@ -180,6 +187,11 @@ def test_file_errors_name_the_file(tmp_path: Path, user_file: Path):
             r"the job's 4 \(pass",
         ),
         ("raises", r"building it failed: RuntimeError: no GPU here"),
+        (
+            "one_argument",
+            r"OneArgument.forward\(batch\) cannot be called as forward\(dense, sparse\): too "
+            r"many positional arguments",
+        ),
     ],
 )
 def test_what_a_factory_builds_is_checked(user_file: Path, func, pattern):
