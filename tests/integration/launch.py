@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from cpu_dist.common.flags import parse_args
 from cpu_dist.common.launch_env import mpi_env
 from cpu_dist.train.reference import train_reference
 
@@ -97,17 +102,127 @@ def run_module(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
-def mpirun(np_: int, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, **MPI_ENV}
+def mpirun(
+    np_: int, args: list[str], timeout: float = 240, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``mpirun -np NP launcher.py ARGS`` with this environment, MPI_ENV and ``env``."""
+    env = {**os.environ, **MPI_ENV, **(env or {})}
     cmd = ["mpirun", "-np", str(np_), sys.executable, str(ROOT / "launcher.py"), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def train(tmp: Path, name: str, workers: int, shards: int, extra: list[str] = ()) -> dict:
+# ---- train(): one job per distinct run in the session ------------------------------------
+#
+# Several test files train the very same job (the same flags, data and environment) and read
+# only what it wrote (its --dump-state and --metrics-out): train() runs each such job once per
+# pytest session and gives later callers copies of its files.  Anything that could make two
+# runs differ is in the key; a job that reads or writes state outside those two files is never
+# shared.
+
+# Files a job writes that train() copies; their paths are no part of what the job computes.
+_OUTPUTS = ("dump_state", "metrics_out")
+# Parsed flags that are not part of what the job computes (what the user named; the job file
+# read: its contents are in the key as --config's).
+_NOT_RESULT = ("given", "job_file")
+# Flags naming state outside the dump and the metrics (a checkpoint to resume, shards started
+# elsewhere, working storage a test inspects, other outputs): a job with any set is not shared.
+_STATEFUL = (
+    "checkpoint_dir",
+    "resume",
+    "ps_list",
+    "token_file",
+    "ps_ssd_dir",
+    "export",
+    "tensorboard",
+)
+# Set by pytest, per test: no part of a job.
+_NOT_JOB_ENV = ("PYTEST_CURRENT_TEST",)
+_runs: dict[tuple, tuple[Path, Path]] = {}
+
+
+def _cache_dir() -> Path:
+    """The session's private copies of the shared jobs' files (gone when the session ends)."""
+    if not hasattr(_cache_dir, "path"):
+        path = Path(tempfile.mkdtemp(prefix="cpu-dist-train-runs-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _cache_dir.path = path  # type: ignore[attr-defined]
+    return _cache_dir.path  # type: ignore[attr-defined]
+
+
+def _value_key(value: object) -> object:
+    """A flag's value as it bears on the job: a file it names (absolute, or relative to the
+    job's working directory) by its contents, so the same data or job file under another path
+    is the same job and other data under the same path another; an absolute path that is no
+    file (a directory, an output to be made) makes the job one not to share (LookupError)."""
+    if isinstance(value, str) and os.path.isabs(value) and not os.path.isfile(value):
+        raise LookupError(value)  # a directory or a path to be made: state, not shared
+    if isinstance(value, str) and (ROOT / value).is_file():  # absolute, or the job's cwd's
+        return ("file", hashlib.sha256((ROOT / value).read_bytes()).hexdigest())
+    if isinstance(value, list):
+        return tuple(_value_key(v) for v in value)
+    return value
+
+
+def run_key(np_: int, args: Sequence[str], env: Mapping[str, str]) -> tuple | None:
+    """What decides the result of ``mpirun -np NP launcher.py ARGS`` in this environment plus
+    ``env``: the rank count, every parsed flag (defaults included, so the order of the flags
+    and a flag given at its default change nothing) but the output paths, the contents of the
+    files named, and the environment; ``None`` for a job that must not be shared."""
+    try:
+        parsed = vars(parse_args(list(args)))
+    except SystemExit:  # flags the launcher refuses: the job says why when it runs
+        return None
+    if any(parsed.get(dest) for dest in _STATEFUL):
+        return None
+    try:
+        flags = tuple(
+            sorted(
+                (dest, _value_key(value))
+                for dest, value in parsed.items()
+                if dest not in _OUTPUTS and dest not in _NOT_RESULT
+            )
+        )
+    except LookupError:
+        return None
+    job_env = {**os.environ, **MPI_ENV, **env}
+    environment = tuple(sorted((k, v) for k, v in job_env.items() if k not in _NOT_JOB_ENV))
+    return (np_, flags, environment)
+
+
+def train(
+    tmp: Path,
+    name: str,
+    workers: int,
+    shards: int,
+    extra: Sequence[str] = (),
+    *,
+    fresh: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> dict:
+    """The --dump-state arrays of a job of ``workers`` + ``shards`` ranks (SMALL, ``extra``)
+    in ``tmp/NAME.npz``, its metrics log at its --metrics-out when ``extra`` names one.  The
+    same job run before in this session is not run again (see run_key) unless ``fresh``; its
+    files are copied to the paths asked for, as the job would have written them."""
     out = tmp / f"{name}.npz"
-    proc = mpirun(
-        workers + shards, ["--worker-num", str(workers), *SMALL, *extra, "--dump-state", str(out)]
-    )
-    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    extra = list(extra)
+    if "--metrics-out" in extra:
+        metrics = Path(extra[extra.index("--metrics-out") + 1])
+    else:  # every run writes one, so that a later caller asking for it can share the run
+        metrics = tmp / f"{name}.metrics.jsonl"
+        extra += ["--metrics-out", str(metrics)]
+    args = ["--worker-num", str(workers), *SMALL, *extra, "--dump-state", str(out)]
+    key = run_key(workers + shards, args, env or {})
+    if key in _runs and not fresh:
+        for have, want in zip(_runs[key], (out, metrics)):
+            shutil.copyfile(have, want)
+    else:
+        proc = mpirun(workers + shards, args, env=env)
+        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        if key is not None:
+            keep = Path(tempfile.mkdtemp(dir=_cache_dir()))
+            _runs[key] = (
+                Path(shutil.copyfile(out, keep / "dump.npz")),
+                Path(shutil.copyfile(metrics, keep / "metrics.jsonl")),
+            )
     with np.load(out) as z:
         return {k: z[k] for k in z.files}

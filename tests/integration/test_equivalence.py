@@ -14,7 +14,7 @@ import pytest
 from cpu_dist.data import make_dataset
 from cpu_dist.train.metrics import read_summary
 
-from .launch import small_reference, train
+from .launch import SMALL, run_key, small_reference, train
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -71,9 +71,10 @@ def test_shard_count_changes_no_bit(runs, sparse_optimizer):
 
 
 def test_same_run_twice_same_bits(runs):
+    """Two runs of one job: the session's (shared with the AdamW tests below) and a fresh one."""
     tmp, _ = runs
     a = train(tmp, "twice-a", 2, 1, ["--dense-optimizer", "adamw"])
-    b = train(tmp, "twice-b", 2, 1, ["--dense-optimizer", "adamw"])
+    b = train(tmp, "twice-b", 2, 1, ["--dense-optimizer", "adamw"], fresh=True)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
@@ -178,3 +179,35 @@ def test_caught_up_reads_give_the_barrier_bits(runs, sparse_optimizer):
         s = read_summary(log)
         assert s["rows_caught_up"] > 0 and s["pull_lag_max"] >= 1, mode[0]
         assert s["staleness_max"] == 0, mode[0]
+
+
+def test_a_shared_run_is_the_same_job_and_nothing_else(tmp_path):
+    """train() shares a run (tests/integration/launch.py) only between the same jobs: the same
+    rank count, parsed flags (their order and a default named explicitly change nothing), data
+    and environment; never a job with state beyond its dump and metrics."""
+
+    def key(*extra: str, np_: int = 4, env: dict | None = None):
+        out = ["--dump-state", str(tmp_path / f"{len(extra)}.npz")]
+        return run_key(np_, ["--worker-num", "2", *SMALL, *extra, *out], env or {})
+
+    coll = key("--aggregation", "collective", "--sparse-optimizer", "sgd")
+    assert coll is not None
+    named_default = ("--sparse-optimizer", "sgd", "--aggregation", "collective", "--sparse-sync")
+    metrics = ("--metrics-out", str(tmp_path / "m.jsonl"))
+    assert key(*named_default, "pipelined", *metrics) == coll
+    assert key("--aggregation", "collective", "--sparse-sync", "barrier") != coll
+    assert key("--aggregation", "collective", np_=3) != coll
+    assert key("--aggregation", "collective", env={"GPU_CACHE_VERIFY": "1"}) != coll
+    data = tmp_path / "a.tsv"
+    data.write_text("1\t2\n")
+    criteo = ("--data", "criteo", "--data-path", str(data))
+    before = key(*criteo)
+    assert before is not None
+    data.write_text("1\t3\n")  # the same path, other data: another job
+    assert key(*criteo) != before
+    moved = tmp_path / "b.tsv"
+    moved.write_text("1\t3\n")  # the same data under another path: the same job
+    assert key("--data", "criteo", "--data-path", str(moved)) == key(*criteo)
+    assert key("--checkpoint-dir", str(tmp_path / "ck")) is None
+    assert key("--ps-ssd-dir", str(tmp_path / "ssd")) is None
+    assert key("--ps-memory-rows", "-3", "--bogus") is None  # refused flags: not shared
