@@ -205,8 +205,10 @@ def train(
     files are copied to the paths asked for, as the job would have written them."""
     out = tmp / f"{name}.npz"
     extra = list(extra)
-    if "--metrics-out" in extra:
-        metrics = Path(extra[extra.index("--metrics-out") + 1])
+    named = [i for i, a in enumerate(extra) if a.split("=")[0] == "--metrics-out"]
+    if named:  # the last one counts, as in argparse
+        i = named[-1]
+        metrics = Path(extra[i].partition("=")[2] or extra[i + 1])
     else:  # every run writes one, so that a later caller asking for it can share the run
         metrics = tmp / f"{name}.metrics.jsonl"
         extra += ["--metrics-out", str(metrics)]
