@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from cpu_dist.checkpoint.manifest import CheckpointError
@@ -122,4 +123,10 @@ def run_job(cfg: Config, roles: Roles) -> int:
     # PS ranks wait here for the whole run: training, evaluation and the last checkpoint.
     # Every rank leaves with the job's code: EXIT_STOPPED when the workers stopped on request.
     code = EXIT_STOPPED if stopped else 0
-    return agree_exit_code(roles.world, code, cfg.job.barrier_timeout_s, "end of job")
+    agreed = agree_exit_code(roles.world, code, cfg.job.barrier_timeout_s, "end of job")
+    if agreed == EXIT_STOPPED:
+        # Every rank now leaves with 75.  The first to go is a "bad exit" to srun
+        # (--kill-on-bad-exit) and to mpirun, which SIGTERM the rest: one still on its way out
+        # would die of it (143) and srun's code would no longer say "stopped, requeue me".
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return agreed
