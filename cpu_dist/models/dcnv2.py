@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from cpu_dist.embeddings import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from cpu_dist.models.layers import mlp
 
 __all__ = ["DLRMDCNv2", "LowRankCrossNet", "dcnv2"]
 
@@ -54,16 +55,6 @@ def _positive_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} {value!r}: must be a positive integer")
     return value
-
-
-def _mlp(in_size: int, widths: Sequence[int], last_activation: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, w in enumerate(widths):
-        layers.append(nn.Linear(in_size, w))
-        if last_activation or i < len(widths) - 1:
-            layers.append(nn.ReLU())
-        in_size = w
-    return nn.Sequential(*layers)
 
 
 class LowRankCrossNet(nn.Module):
@@ -172,9 +163,9 @@ class DLRMDCNv2(nn.Module):
         if top[-1] != 1:
             raise ValueError(f"top_mlp {top!r}: the last width must be 1 (one logit per sample)")
         pooled = sum(c.embedding_dim * c.num_features() for c in configs)
-        self.bot = _mlp(self.dense_features, bot, last_activation=True)
+        self.bot = mlp(self.dense_features, bot, last_activation=True)
         self.crossnet = LowRankCrossNet(bot[-1] + pooled, num_layers, low_rank_dim)
-        self.top = _mlp(bot[-1] + pooled, top, last_activation=False)
+        self.top = mlp(bot[-1] + pooled, top, last_activation=False)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Logits ``[B]``.

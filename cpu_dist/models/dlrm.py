@@ -33,15 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-
-def _mlp(in_size: int, widths: Sequence[int], last_activation: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, w in enumerate(widths):
-        layers.append(nn.Linear(in_size, w))
-        if last_activation or i < len(widths) - 1:
-            layers.append(nn.ReLU())
-        in_size = w
-    return nn.Sequential(*layers)
+from cpu_dist.models.layers import mlp
 
 
 class DLRM(nn.Module):
@@ -76,11 +68,11 @@ class DLRM(nn.Module):
             )
         self.num_dense, self.num_sparse, self.dim = num_dense, num_sparse, dim
         self.embedding = embedding
-        self.bot = _mlp(num_dense, bot_mlp, last_activation=True)
+        self.bot = mlp(num_dense, bot_mlp, last_activation=True)
         n = num_sparse + 1
         self._triu: torch.Tensor
         self.register_buffer("_triu", torch.triu_indices(n, n, offset=1), persistent=False)
-        self.top = _mlp(dim + n * (n - 1) // 2, top_mlp, last_activation=False)
+        self.top = mlp(dim + n * (n - 1) // 2, top_mlp, last_activation=False)
         self._embedding_takes_rows = "rows" in inspect.signature(embedding.forward).parameters
         widths = list(feature_dims) if feature_dims is not None else [dim] * num_sparse
         if len(widths) != num_sparse or min(widths) <= 0:
