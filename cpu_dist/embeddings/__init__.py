@@ -9,7 +9,13 @@ parameter server (docs/DESIGN.md, "The embeddings API").  This package imports t
 and ``cpu_dist.common`` only: no native module, no MPI, so serving can use it.
 """
 
-from cpu_dist.embeddings.collection import EmbeddingBagCollection, collections_of, sparse_step
+from cpu_dist.embeddings.collection import (
+    EmbeddingBagCollection,
+    collections_of,
+    sparse_step,
+    table_ids_of,
+    unique_ids,
+)
 from cpu_dist.embeddings.config import (
     DataType,
     EmbeddingBagConfig,
@@ -38,4 +44,6 @@ __all__ = [
     "job_tables_of",
     "pool_bags",
     "sparse_step",
+    "table_ids_of",
+    "unique_ids",
 ]

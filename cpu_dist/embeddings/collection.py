@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cpu_dist.embeddings.config import EmbeddingBagConfig, pooling_type
@@ -22,7 +23,14 @@ from cpu_dist.embeddings.keyed import KeyedTensor
 from cpu_dist.embeddings.pooling import pool_bags
 from cpu_dist.embeddings.rows import LocalRows, RowSource
 
-__all__ = ["EmbeddingBagCollection", "collections_of", "sparse_step", "table_ids"]
+__all__ = [
+    "EmbeddingBagCollection",
+    "collections_of",
+    "sparse_step",
+    "table_ids",
+    "table_ids_of",
+    "unique_ids",
+]
 
 
 def _as_config(table: object, index: int) -> EmbeddingBagConfig:
@@ -61,6 +69,33 @@ def table_ids(values: torch.Tensor, table: EmbeddingBagConfig, feature: str) -> 
                 f"{table.name!r}'s [0, {n}) (num_embeddings {n}; 0 takes raw ids)"
             )
     return ids
+
+
+def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(sorted unique ids, int64 inverse [n])``: a table's rows to read and each id's row."""
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return unique, inverse.reshape(-1).astype(np.int64, copy=False)
+
+
+def table_ids_of(
+    features: KeyedJaggedTensor, tables: Sequence[EmbeddingBagConfig]
+) -> dict[str, np.ndarray]:
+    """Per table, its features' ids of a batch as int64 keys, feature after feature in the
+    table's ``feature_names`` order (each feature's bags key-major): what a collection looks
+    up, and what a job's loader plans ahead (:func:`unique_ids`) for the rows to pull."""
+    kjt = as_keyed_jagged(features)
+    values, start = kjt.values(), kjt.offset_per_key()
+    index = {k: i for i, k in enumerate(kjt.keys())}
+    out: dict[str, np.ndarray] = {}
+    for table in tables:
+        parts = []
+        for f in table.feature_names:
+            if f not in index:
+                raise KeyError(f"feature {f!r} is not in the KeyedJaggedTensor")
+            k = index[f]
+            parts.append(table_ids(values[start[k] : start[k + 1]], table, f))
+        out[table.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return out
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -154,6 +189,15 @@ class EmbeddingBagCollection(nn.Module):
             raise TypeError(f"{type(source).__name__} is not a RowSource (no lookup())")
         self._rows = source
 
+    def _plan(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(sorted unique ids, inverse [n])`` of a table's ids: the row source's own plan
+        where it has one (a job's source holds the plan the loader made ahead and checks that
+        it is this one), else ``np.unique``."""
+        plan = getattr(self._rows, "plan", None)
+        if plan is not None:
+            return plan(table, ids)
+        return unique_ids(ids)
+
     def _weights_of(self, kjt: KeyedJaggedTensor) -> torch.Tensor | None:
         weights = kjt.weights_or_none()
         if self._is_weighted is False:
@@ -183,35 +227,42 @@ class EmbeddingBagCollection(nn.Module):
                 f"{', '.join(kjt.keys()) or 'none'})"
             )
         weights = self._weights_of(kjt)
-        values, lengths, stride = kjt.values(), kjt.lengths(), kjt.stride()
+        lengths, stride = kjt.lengths(), kjt.stride()
         start, index = kjt.offset_per_key(), {k: i for i, k in enumerate(kjt.keys())}
+        ids = table_ids_of(kjt, self._configs)
         pooled: list[torch.Tensor] = []
         for table in self._configs:
-            spans = [(start[index[f]], start[index[f] + 1]) for f in table.feature_names]
-            ids = [
-                table_ids(values[lo:hi], table, f)
-                for f, (lo, hi) in zip(table.feature_names, spans)
-            ]
-            unique, inverse = np.unique(np.concatenate(ids), return_inverse=True)
+            unique, inverse = self._plan(table.name, ids[table.name])
             rows = self._rows.lookup(table.name, unique)
             if tuple(rows.shape) != (len(unique), table.embedding_dim):
                 raise ValueError(
                     f"table {table.name!r}: the row source gave {tuple(rows.shape)}, expected "
                     f"({len(unique)}, {table.embedding_dim})"
                 )
-            inverse_t = torch.from_numpy(inverse.reshape(-1).astype(np.int64, copy=False))
+            inverse_t = torch.from_numpy(inverse)
+            features = table.feature_names
+            mine = torch.tensor([index[f] for f in features], dtype=torch.int64)
+            if weights is None and stride and bool((lengths.view(-1, stride)[mine] == 1).all()):
+                # every bag of the table holds one id (one-hot features: Criteo's, the default
+                # DLRM's): one lookup for all of them, feature-major, so the gradient of a row
+                # sums its uses in the order the one-hot embedding always has
+                d = table.embedding_dim
+                looked = F.embedding(inverse_t, rows).view(len(features), stride, d)
+                pooled.append(looked.transpose(0, 1).reshape(stride, len(features) * d))
+                continue
             at = 0
-            for f, (lo, hi) in zip(table.feature_names, spans):
+            for f in features:
                 k = index[f]
-                bag_lengths = lengths[k * stride : (k + 1) * stride]
+                n = start[k + 1] - start[k]
                 offsets = torch.zeros(stride + 1, dtype=torch.int64)
-                torch.cumsum(bag_lengths, 0, out=offsets[1:])
-                w = None if weights is None else weights[lo:hi]
+                torch.cumsum(lengths[k * stride : (k + 1) * stride], 0, out=offsets[1:])
+                w = None if weights is None else weights[start[k] : start[k + 1]]
                 pooled.append(
-                    pool_bags(rows, inverse_t[at : at + hi - lo], offsets, w, table.pooling.mode)
+                    pool_bags(rows, inverse_t[at : at + n], offsets, w, table.pooling.mode)
                 )
-                at += hi - lo
-        return KeyedTensor(self._embedding_names, self._widths, torch.cat(pooled, 1))
+                at += n
+        values = pooled[0] if len(pooled) == 1 else torch.cat(pooled, 1)
+        return KeyedTensor(self._embedding_names, self._widths, values)
 
     def sparse_step(self, lr: float | None = None) -> dict[str, int]:
         """Train the local rows: each table's optimizer (``contracts.sparse_update``) on the

@@ -2,7 +2,7 @@
 
 A spec is one of
 
-- a built-in name (:data:`BUILTIN_MODELS`: ``dcnv2``);
+- a built-in name (:data:`BUILTIN_MODELS`: ``dlrm``, the default, and ``dcnv2``);
 - ``PKG.MODULE:FUNC``: ``FUNC`` of an importable module (the user's installed package);
 - ``path/to/file.py:FUNC``: ``FUNC`` of a Python file loaded by path, under a module name of
   its own (``cpu_dist_user_model_<stem>_<hash>``, outside this package), so a user's model
@@ -51,9 +51,9 @@ __all__ = [
 ModelFactory = Callable[..., nn.Module]
 
 # Built-in models: name -> "module:function", imported when asked for (one way to load every
-# model, built-in or not).  ``dlrm`` over a collection joins here with the job's --model
-# wiring (issue 25); until then the job builds its DLRM itself (cpu_dist/models/dlrm.py).
+# model, built-in or not); the first is a job's default.
 BUILTIN_MODELS: dict[str, str] = {
+    "dlrm": "cpu_dist.models.dlrm:dlrm",
     "dcnv2": "cpu_dist.models.dcnv2:dcnv2",
 }
 

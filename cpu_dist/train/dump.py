@@ -15,9 +15,8 @@ back out of a dump (tests and tools use it instead of spelling the names).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -38,21 +37,15 @@ def table_values_name(table: str) -> str:
     return f"{TABLE_PREFIX}{table}/values"
 
 
-class DenseModel(Protocol):
-    """What :func:`model_arrays` reads of a model (:class:`cpu_dist.models.dlrm.DLRM`)."""
-
-    def dense_named_parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]: ...
-
-
 def model_arrays(
-    model: DenseModel, tables: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    model: torch.nn.Module, tables: Mapping[str, tuple[np.ndarray, np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """The dump of a model's dense parameters and of every table's rows, ``tables`` mapping
     each table's name to its (keys, values); keys are sorted here (a dump's keys ascend
     whatever order the shards gave them in)."""
     out = {
         f"{DENSE_PREFIX}{name}": p.detach().numpy().copy()
-        for name, p in model.dense_named_parameters()
+        for name, p in model.named_parameters()  # the dense part: rows are not parameters
     }
     for name, (keys, values) in tables.items():
         keys = np.asarray(keys, dtype=np.int64)

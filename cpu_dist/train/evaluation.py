@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 import torch
 from mpi4py import MPI
+from torch import nn
 
 from cpu_dist.data import Batch
-from cpu_dist.data.keys import TableKeySplit
-from cpu_dist.models.dlrm import DLRM
-from cpu_dist.models.embedding import TableEmbedding
+from cpu_dist.embeddings import KeyedJaggedTensor
 from cpu_dist.models.scoring import evaluate
+from cpu_dist.train.step_rows import Plans, StepRows
 
 
 def share(batch: Batch, rank: int, world: int) -> Batch:
@@ -26,22 +26,23 @@ def share(batch: Batch, rank: int, world: int) -> Batch:
 
 
 def evaluate_model(
-    model: DLRM,
-    embedding: TableEmbedding,
+    model: nn.Module,
     batches: Iterable[Batch],
     comm: MPI.Intracomm,
     *,
     dtype: torch.dtype,
-    split: TableKeySplit,
+    plan: Callable[[Batch], tuple[KeyedJaggedTensor, Plans]],
+    rows: StepRows,
     read_rows: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
     prefix: str = "eval",
 ) -> dict[str, float]:
     """``{"<prefix>_auc", "<prefix>_logloss", "<prefix>_samples"}`` on worker 0 (empty
     elsewhere, and when there were no batches).  Every worker walks the same global
     ``batches`` (of any size: ``share`` cuts each).  The caller makes sure every commit it
-    means to evaluate is applied first; ``read_rows`` reads float32 rows of every table's keys
-    (``{table: unique keys}``) as the PS holds them (never through a lossy wire encoding);
-    ``split`` makes each table's keys from a batch's fused keys."""
+    means to evaluate is applied first; ``plan`` makes a batch's features and each table's
+    plan (the training's own), ``read_rows`` reads float32 rows of every table's unique ids
+    as the PS holds them (never through a lossy wire encoding), and they are bound to the
+    model's collections through ``rows`` as in training."""
     rank, world = comm.Get_rank(), comm.Get_size()
     scores, labels = [], []
     model.eval()
@@ -50,10 +51,10 @@ def evaluate_model(
             part = share(batch, rank, world)
             if not len(part):
                 continue
-            keys = {n: torch.from_numpy(k) for n, k in split(part.keys).items()}
-            pulled = read_rows(embedding.unique_keys(keys))
-            rows = {n: torch.from_numpy(np.asarray(r)) for n, r in pulled.items()}
-            logits = model(torch.from_numpy(part.dense).to(dtype), keys, rows=rows)
+            kjt, plans = plan(part)
+            pulled = read_rows({name: p[0] for name, p in plans.items()})
+            rows.bind(plans, {n: torch.from_numpy(np.asarray(r)) for n, r in pulled.items()})
+            logits = model(torch.from_numpy(part.dense).to(dtype), kjt)
             scores.append(logits.double().numpy())
             labels.append(part.labels.astype(np.float64))
     model.train()

@@ -1,10 +1,12 @@
 """The worker's training loop: the synchronous contract of docs/DESIGN.md.
 
-Per step: this worker's slice of the global batch -> each table's keys (``TableKeySplit``; the
-default job's one fused table keeps the fused keys) -> their unique keys -> the step pipeline reads
-their rows (``pipelines/``: it waits for whatever commit the rows depend on) -> forward and
-backward -> the pipeline hands the unique rows' gradients to the PS -> all-reduce and apply the
-dense gradients.  Step t+1 therefore reads rows that hold every worker's step-t update, and the
+Per step: this worker's slice of the global batch -> its ``KeyedJaggedTensor``
+(``data/features.py``; the default job's one fused table keeps the fused keys) -> each table's
+unique ids, planned on the loader's thread -> the step pipeline reads their rows
+(``pipelines/``: it waits for whatever commit the rows depend on) -> the rows are bound to the
+model's collections (``step_rows.py``) -> the model's own forward and backward -> the pipeline
+hands the unique rows' gradients to the PS -> all-reduce and apply the dense gradients.  Step
+t+1 therefore reads rows that hold every worker's step-t update, and the
 model equals a single-process run on the global batch.  The loop does not know which pipeline
 runs.
 """
@@ -25,14 +27,19 @@ from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.common.timing import PhaseTimer
-from cpu_dist.data import Dataset, WorkerBatches, dataset_for, eval_batches
-from cpu_dist.data.keys import TableKeySplit
+from cpu_dist.data import Batch, WorkerBatches, dataset_for, eval_batches
+from cpu_dist.data.features import BatchFeatures
 from cpu_dist.data.run_length import run_length
 from cpu_dist.dense.allreduce import broadcast_parameters
 from cpu_dist.dense.sync import make_dense_sync
+from cpu_dist.embeddings import (
+    EmbeddingBagConfig,
+    KeyedJaggedTensor,
+    collections_of,
+    table_ids_of,
+    unique_ids,
+)
 from cpu_dist.export import data_spec, export_from_client
-from cpu_dist.models.dlrm import build_dlrm
-from cpu_dist.models.embedding import ShardedEmbedding, TableEmbedding
 from cpu_dist.serving.bundle import ModelSpec
 from cpu_dist.sparse import Client
 from cpu_dist.sparse.reads import TableReads
@@ -40,30 +47,28 @@ from cpu_dist.train import metrics
 from cpu_dist.train.dump import model_arrays, write_dump
 from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.evaluation import evaluate_model
+from cpu_dist.train.job_model import build_job_model, model_name
 from cpu_dist.train.pipelines import make_committer, make_pipeline
+from cpu_dist.train.step_rows import Plans, dense_named_parameters, distribute
 
 # Workers meet after backward in a barrier that sleeps between polls: the wait for the slowest
 # worker is reported on its own (t_straggler_wait) instead of inflating whichever collective
 # comes first, and a waiting worker leaves its core to the others instead of spinning in MPI.
 STRAGGLER_POLL_S = 1e-4
 
-# Per table: (keys [B/W, features of the table], their plan: (sorted unique keys, inverse)),
-# then the dense features and labels of this worker's slice.  The plan goes to the embedding
+# This worker's slice of a batch: its features, each table's plan (sorted unique ids,
+# inverse), the dense features and the labels.  The plan is bound to the model's collections
 # only when its step runs, so the next step's batch may be taken early (a pipeline that pulls
 # during the whole step).
-Plans = dict[str, tuple[np.ndarray, np.ndarray]]
-Prepared = tuple[dict[str, torch.Tensor], Plans, torch.Tensor, torch.Tensor]
+Prepared = tuple[KeyedJaggedTensor, Plans, torch.Tensor, torch.Tensor]
 
 
-def key_split(cfg: Config, dataset: Dataset) -> TableKeySplit:
-    """How this job's batches become each table's keys: the default job's one fused table
-    keeps the fused keys; a job file's tables take their features' ids."""
-    if cfg.tables.fused:
-        return TableKeySplit({TABLE: range(dataset.num_sparse)}, fused=True)
-    offsets = getattr(dataset, "offsets", None) if dataset.kind == "synthetic" else None
-    return TableKeySplit.for_tables(
-        cfg.tables.tables, cfg.tables.data_features, offsets, fused=False
-    )
+def plan_batch(
+    features: BatchFeatures, tables: list[EmbeddingBagConfig], batch: Batch
+) -> tuple[KeyedJaggedTensor, Plans]:
+    """A batch's features and every table's plan of them (a loader thread's work)."""
+    kjt = features(batch)
+    return kjt, {name: unique_ids(ids) for name, ids in table_ids_of(kjt, tables).items()}
 
 
 def make_client(
@@ -109,26 +114,25 @@ class Worker:
         cfg = self.cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, max_step=self.length.steps)
         )
-        self.split = split = key_split(cfg, self.dataset)
-        self.embedding = TableEmbedding(
-            [(t.name, t.dim, split.columns[t.name].tolist()) for t in cfg.tables.tables],
-            self.dataset.num_sparse,
+        self.features = BatchFeatures(
+            cfg.tables, self.dataset.kind, getattr(self.dataset, "offsets", None)
         )
-        self.model = build_dlrm(
-            self.embedding,
-            num_dense=self.dataset.num_dense,
-            num_sparse=self.dataset.num_sparse,
-            dim=cfg.model.embedding_dim,  # a job file's shared width, else projected to it
-            bot_mlp=cfg.model.bot_mlp,
-            top_mlp=cfg.model.top_mlp,
-            seed=cfg.train.seed,
-            dtype=self.dtype,
-            feature_dims=self.embedding.feature_dims,
-        )
+        # The user's model as written (or a built-in); its collections' rows become the ones
+        # the step pipeline reads (``step_rows``), everything else is dense.
+        self.model = build_job_model(cfg, self.dataset.num_dense)
+        if cfg.output.export and model_name(cfg) != "dlrm":
+            raise ValueError(
+                f"--export: exporting a {model_name(cfg)!r} model is not supported yet (the "
+                "bundle holds the built-in dlrm only); drop --export"
+            )
+        self.tables = [
+            c for _, ebc in collections_of(self.model) for c in ebc.embedding_bag_configs()
+        ]
+        self.rows = distribute(self.model)
         broadcast_parameters(self.model, self.comm)
         self.dense = make_dense_sync(
             cfg.train.dense_sync,
-            list(self.model.dense_parameters()),
+            [p for _, p in dense_named_parameters(self.model)],
             self.comm,
             cfg.train.dense_optimizer,
             cfg.train.lr,
@@ -161,10 +165,9 @@ class Worker:
             prepare=self._plan,
         )
 
-    def _plan(self, batch) -> tuple[dict[str, np.ndarray], Plans]:
-        """Each table's keys of a batch and their plans (on the loader's thread)."""
-        parts = self.split(batch.keys)
-        return parts, {n: ShardedEmbedding.plan_keys(k) for n, k in parts.items()}
+    def _plan(self, batch: Batch) -> tuple[KeyedJaggedTensor, Plans]:
+        """A batch's features and each table's plan (on the loader's thread)."""
+        return plan_batch(self.features, self.tables, batch)
 
     def _next_batch(self) -> Prepared | None:
         """This worker's slice of the next global batch, or None when the data ends (every
@@ -174,9 +177,9 @@ class Worker:
             self._batches.close()
             return None
         batch = item[1]  # already this worker's rows [r*B/W, (r+1)*B/W)
-        parts, plans = self._batches.prepared
+        kjt, plans = self._batches.prepared
         prepared = (
-            {n: torch.from_numpy(k) for n, k in parts.items()},
+            kjt,
             plans,
             torch.from_numpy(batch.dense).to(self.dtype),
             torch.from_numpy(batch.labels).to(self.dtype),
@@ -186,16 +189,16 @@ class Worker:
 
     def _train_step(self, step: int, prepared: Prepared) -> tuple[torch.Tensor, Prepared | None]:
         """Returns the step's loss and, when the pipeline wanted it early, the next batch."""
-        keys, plan, dense, labels = prepared
+        kjt, plan, dense, labels = prepared
         timer = self.timer
-        unique = self.embedding.use_plan(keys, plan)
-        rows = self.pipeline.read(step, unique)
+        rows = self.pipeline.read(step, {name: p[0] for name, p in plan.items()})
+        self.rows.bind(plan, rows)
         ahead = None
         if self.pipeline.prefetch_early and step + 1 < self.cfg.train.max_step:
             ahead = self._ahead(step)  # its rows are pulled during this whole step
         with timer("forward"):
             self.dense.zero_grad()
-            loss = self.loss_fn(self.model(dense, keys, rows=rows), labels)
+            loss = self.loss_fn(self.model(dense, kjt), labels)
         if not torch.isfinite(loss):  # before backward: name the cause, not a sparse key
             raise NonFiniteLoss(self._non_finite(step, float(loss), rows, dense))
         with timer("backward"):
@@ -209,7 +212,7 @@ class Worker:
                     poll_s=STRAGGLER_POLL_S,
                 )
         with timer("push"):
-            self.pipeline.submit(step, *self.embedding.sparse_grads())
+            self.pipeline.submit(step, *self.rows.grads())
         return loss, ahead
 
     def _non_finite(
@@ -219,7 +222,7 @@ class Worker:
         dense parameters that are not finite, else the largest one (finite parameters can
         still overflow the forward pass), and whether the batch's rows and inputs are."""
         t = self.cfg.train
-        named = list(self.model.dense_named_parameters())
+        named = list(dense_named_parameters(self.model))
         bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
         head = f"step {step} on worker {self.rank}: the loss is not finite ({loss})"
         rows_ok = all(bool(torch.isfinite(r).all()) for r in rows.values())
@@ -372,11 +375,11 @@ class Worker:
             batches = self.dataset.test_batches(bs, out.test_batches)
         result = evaluate_model(
             self.model,
-            self.embedding,
             batches,
             self.comm,
             dtype=self.dtype,
-            split=self.split,
+            plan=self._plan,
+            rows=self.rows,
             read_rows=self._eval_rows,
             prefix=split,
         )

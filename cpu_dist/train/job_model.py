@@ -1,0 +1,55 @@
+"""The job's model from its Config: the one place that turns ``--model`` / ``[model]``, the
+MLP and cross-network flags and the job's tables into ``build_model``'s call, so that the
+workers, the single-process reference and the export build the same module (and, under
+``--seed``, the same dense init)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from cpu_dist.common.config import Config
+from cpu_dist.embeddings import EmbeddingBagConfig, configs_of
+from cpu_dist.models.factory import build_model
+
+__all__ = ["build_job_model", "model_args", "model_name", "model_tables"]
+
+
+def model_name(cfg: Config) -> str:
+    """``--model`` (a job file's ``[model] name``); ``dlrm`` by default."""
+    return str(getattr(cfg.model, "name", "dlrm"))
+
+
+def model_tables(cfg: Config) -> list[EmbeddingBagConfig]:
+    """The job's tables as the model's ``EmbeddingBagConfig`` list (rows seeded by
+    ``--seed``, as the shards create them)."""
+    return configs_of(cfg.tables, seed=cfg.train.seed)
+
+
+def model_args(cfg: Config) -> dict[str, Any]:
+    """The factory's keyword arguments: a built-in model's from the flags (``dlrm``:
+    ``bot_mlp``, ``top_mlp``; ``dcnv2``: those and ``num_layers``, ``low_rank_dim``), then a
+    job file's other ``[model]`` keys over them (a user model takes only those)."""
+    m, name = cfg.model, model_name(cfg)
+    args: dict[str, Any] = {}
+    if name in ("dlrm", "dcnv2"):
+        args = {"bot_mlp": list(m.bot_mlp), "top_mlp": list(m.top_mlp)}
+    if name == "dcnv2":
+        args["num_layers"] = int(getattr(m, "dcn_num_layers", 3))
+        args["low_rank_dim"] = int(getattr(m, "dcn_low_rank_dim", 512))
+    for key, value in getattr(m, "args", ()):
+        args[key] = list(value) if isinstance(value, tuple) else value
+    return args
+
+
+def build_job_model(cfg: Config, dense_features: int) -> nn.Module:
+    """The job's model, its dense part in ``--dtype`` (``model.dtype``), its collections'
+    rows local until a job distributes them (``cpu_dist.train.step_rows.distribute``)."""
+    model = build_model(
+        model_name(cfg), model_tables(cfg), dense_features, model_args(cfg), seed=cfg.train.seed
+    )
+    if cfg.model.dtype == "float64":
+        model.to(torch.float64)
+    return model
