@@ -27,38 +27,48 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cpu_dist.common.contracts import TABLE  # noqa: E402
+from cpu_dist.common.tables import CATEGORICAL_FEATURES  # noqa: E402
 from cpu_dist.common.validate import mlp_widths  # noqa: E402
 from cpu_dist.data import make_dataset, train_batches  # noqa: E402
-from cpu_dist.models.dlrm import build_dlrm  # noqa: E402
+from cpu_dist.embeddings import EmbeddingBagConfig  # noqa: E402
+from cpu_dist.models.dlrm import DLRM  # noqa: E402
+from cpu_dist.models.factory import build_model  # noqa: E402
 from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
 
 
-class TorchEmbedding(torch.nn.Module):
-    """The comparison: one nn.EmbeddingBag over the whole fused key space, sparse gradients."""
+class TorchDLRM(torch.nn.Module):
+    """The comparison: the same DLRM's dense layers (the built-in ``dlrm``, same seeded init)
+    over one plain nn.EmbeddingBag of the whole fused key space with sparse gradients, fed
+    the batch's keys ``[B, F]`` directly (the cheapest torch formulation)."""
 
-    def __init__(self, num_rows: int, dim: int) -> None:
+    def __init__(self, dlrm: DLRM, num_rows: int, dim: int) -> None:
         super().__init__()
+        self.dlrm = dlrm
         self.bag = torch.nn.EmbeddingBag(num_rows, dim, mode="sum", sparse=True)
 
-    def forward(self, keys: torch.Tensor) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         b, f = keys.shape
-        return self.bag(keys.reshape(-1, 1)).view(b, f, -1)
+        bottom = self.dlrm.bot(dense)
+        emb = self.bag(keys.reshape(-1, 1)).view(b, f, -1)
+        return self.dlrm.top(self.dlrm.interact(bottom, emb)).squeeze(-1)
 
 
 def run_torch(args) -> dict:
     ds = make_dataset("synthetic", seed=0)
-    num_rows = ds.num_keys
-    emb = TorchEmbedding(num_rows, args.dim)
-    model = build_dlrm(
-        emb,
-        num_dense=ds.num_dense,
-        num_sparse=ds.num_sparse,
-        dim=args.dim,
-        bot_mlp=mlp_widths(args.bot, "bot"),
-        top_mlp=mlp_widths(args.top, "top"),
+    tables = [EmbeddingBagConfig(0, args.dim, TABLE, feature_names=CATEGORICAL_FEATURES)]
+    dense = build_model(
+        "dlrm",
+        tables,
+        ds.num_dense,
+        {
+            "bot_mlp": list(mlp_widths(args.bot, "bot")),
+            "top_mlp": list(mlp_widths(args.top, "top")),
+        },
         seed=0,
     )
+    model = TorchDLRM(dense, ds.num_keys, args.dim)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     batches = train_batches(ds, args.batch_size)

@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from cpu_dist.common.config import Config
 from cpu_dist.common.flags import parse_args
 from cpu_dist.common.launch_env import mpi_env
-from cpu_dist.train.reference import train_reference
+from cpu_dist.common.validate import validate
+from cpu_dist.reference import train_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 MPI_ENV = {**mpi_env(), "PYTHONUNBUFFERED": "1"}  # this environment + scripts/env.sh
@@ -45,33 +46,37 @@ SMALL = [
 ]
 
 
+def reference_config(flags: Sequence[str] = (), workers: int = 1, shards: int = 1) -> Config:
+    """The Config a job of ``SMALL`` + ``flags`` runs with (parsed and checked as the launcher
+    does), for the single-process reference."""
+    return validate(parse_args(["--worker-num", str(workers), *SMALL, *flags]), workers + shards)
+
+
 def small_reference(
     dataset,
     steps: int = 20,
     batch_size: int = 96,
     sparse_optimizer: str = "sgd",
     dense_optimizer: str = "sgd",
+    flags: Sequence[str] = (),
     **rules: int,
 ) -> dict:
-    """The single-process reference with SMALL's model and learning rates (and the job's
-    default seeds and init scale); ``rules``: admit_after, expire_after."""
-    return train_reference(
-        dataset=dataset,
-        steps=steps,
-        batch_size=batch_size,
-        dim=8,
-        bot_mlp=[16, 8],
-        top_mlp=[16, 1],
-        seed=0,
-        lr=0.1,
-        sparse_lr=0.1,
-        dense_optimizer=dense_optimizer,
-        sparse_optimizer=sparse_optimizer,
-        init_scale=8**-0.5,
-        init_seed=0,
-        dtype=torch.float32,
-        **rules,
-    )
+    """The single-process reference of a ``SMALL`` job (``cpu_dist.reference``) on
+    ``dataset``; ``rules``: admit_after, expire_after (``--ps-admit-after``,
+    ``--ps-expire-after``)."""
+    extra = [
+        "--batch-size",
+        str(batch_size),
+        "--sparse-optimizer",
+        sparse_optimizer,
+        "--dense-optimizer",
+        dense_optimizer,
+        *flags,
+    ]
+    for rule, flag in (("admit_after", "--ps-admit-after"), ("expire_after", "--ps-expire-after")):
+        if rules.get(rule):
+            extra += [flag, str(rules[rule])]
+    return train_reference(reference_config(extra), dataset, steps)
 
 
 def with_flags(flags: Sequence[str], changes: dict[str, str | None]) -> list[str]:

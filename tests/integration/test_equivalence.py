@@ -1,7 +1,8 @@
 """The promise: distributed synchronous training equals a single-process PyTorch run.
 
-Real mpirun jobs with real PS ranks (launcher.py, --dump-state) against the plain
-nn.EmbeddingBag reference of cpu_dist/train/reference.py on the same global batches.
+Real mpirun jobs with real PS ranks (launcher.py, --dump-state) against the single-process
+reference (``cpu_dist.reference``: the job's model as written, local rows) on the same global
+batches.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ W in {1, 2, 3} workers and P in {1, 2} shards: every run equals the reference (e
 rows from its salted ``row_init``, its own optimizer), one shard count equals the other bit
 for bit, and the worker counts agree to rounding.  A job of tables with widths 4, 16 and 64,
 the three optimizers and features that share a table, likewise (its model projects the
-widths to one, ``DLRM(feature_dims=...)``), and its reads caught up on the worker under
+widths to the interaction's, ``proj.<i>``), and its reads caught up on the worker under
 collective aggregation equal the barrier mode's bit for bit.  Real mpirun jobs, real PS
 ranks; the runs are few (each costs seconds of start-up) and shared between assertions.
 """
@@ -20,10 +20,9 @@ import pytest
 from cpu_dist.common.flags import parse_args
 from cpu_dist.common.validate import validate
 from cpu_dist.data import make_dataset
+from cpu_dist.reference import train_reference
 from cpu_dist.train.dump import table_rows
-from cpu_dist.train.loop import key_split
 from cpu_dist.train.metrics import read_summary
-from cpu_dist.train.reference import ReferenceTable, train_reference
 
 from .launch import SMALL, train
 
@@ -70,26 +69,8 @@ def _config(flags: list[str], workers: int, shards: int):
 
 def reference(flags: list[str], steps: int, batch_size: int, **data) -> dict:
     """The single-process reference with the job's tables (parsed as the job parses them)."""
-    cfg = _config(flags, 1, 1)
-    dataset = make_dataset(**data)
-    m, t = cfg.model, cfg.train
-    return train_reference(
-        dataset=dataset,
-        steps=steps,
-        batch_size=batch_size,
-        dim=m.embedding_dim,
-        bot_mlp=m.bot_mlp,
-        top_mlp=m.top_mlp,
-        seed=t.seed,
-        lr=t.lr,
-        sparse_lr=t.sparse_lr,
-        dense_optimizer=t.dense_optimizer,
-        sparse_optimizer=t.sparse_optimizer,
-        init_scale=m.init_scale,
-        init_seed=t.seed,
-        tables=[ReferenceTable(x.spec(t.seed), x.lr) for x in cfg.tables.tables],
-        split=key_split(cfg, dataset),
-    )
+    cfg = _config([*flags, "--batch-size", str(batch_size)], 1, 1)
+    return train_reference(cfg, make_dataset(**data), steps)
 
 
 def assert_close(got: dict, want: dict, rtol: float, atol: float = 1e-6, what: str = "") -> None:
