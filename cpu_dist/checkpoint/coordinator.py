@@ -49,6 +49,10 @@ if TYPE_CHECKING:  # a PS rank's preflight reads manifests here and must not imp
 # The learning rates are not among them: the sparse one travels with every commit, the dense
 # one is set into the restored optimizer state; a resumed run says which settings it changed.
 MUST_MATCH = (
+    "model.name",  # the model and its arguments: another model's weights mean nothing here
+    "model.args",
+    "model.dcn_num_layers",
+    "model.dcn_low_rank_dim",
     "model.embedding_dim",
     "model.bot_mlp",
     "model.top_mlp",
@@ -65,6 +69,8 @@ MUST_MATCH = (
     "data.num_embeddings_per_feature",
     "data.max_ind_range",
     "data.shuffle",
+    "data.bags",
+    "data.weights",
     "table.admit_after",
     "table.expire_after",
 )

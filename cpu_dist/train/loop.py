@@ -129,6 +129,8 @@ class Worker:
             c for _, ebc in collections_of(self.model) for c in ebc.embedding_bag_configs()
         ]
         self.rows = distribute(self.model)
+        dims = {c.name: c.embedding_dim for c in self.tables}
+        self.traffic = metrics.TableTraffic(dims)  # per table, for the summary
         broadcast_parameters(self.model, self.comm)
         self.dense = make_dense_sync(
             cfg.train.dense_sync,
@@ -193,6 +195,7 @@ class Worker:
         timer = self.timer
         rows = self.pipeline.read(step, {name: p[0] for name, p in plan.items()})
         self.rows.bind(plan, rows)
+        self.traffic.add(plan)
         ahead = None
         if self.pipeline.prefetch_early and step + 1 < self.cfg.train.max_step:
             ahead = self._ahead(step)  # its rows are pulled during this whole step
@@ -433,8 +436,9 @@ class Worker:
         # figures as <key>_sum, _max or _mean (metrics.reduce_workers).
         counters = self._record({})
         everyone = self.comm.gather(counters, root=0)
+        traffic = self.comm.gather(self.traffic, root=0)
         if self.chief:
-            assert everyone is not None
+            assert everyone is not None and traffic is not None
             if self.cfg.output.dump_state:
                 write_dump(self.cfg.output.dump_state, self._dump_arrays())
             if self.cfg.output.export:
@@ -455,6 +459,9 @@ class Worker:
                     self.client.stats(), t.memory_rows > 0, t.admit_after > 1 or t.expire_after > 0
                 )
             )
+            tables = head.setdefault("tables", {})
+            for name, figures in metrics.TableTraffic.figures(traffic, self.traffic.dims).items():
+                tables.setdefault(name, {"dim": self.traffic.dims[name]}).update(figures)
             summary = {**head, **counters, **metrics.reduce_workers(everyone)}
             self.log.write({"summary": summary})
             print(metrics.summary_table(summary), flush=True)

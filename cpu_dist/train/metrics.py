@@ -196,6 +196,38 @@ def format_table(
 
 # Each table's figures in the summary's ``tables`` object (from each shard's Stats ``tables``).
 TABLE_FIGURES = ("rows", "rows_dram", "rows_ssd", "rows_admitted", "rows_expired", "bytes")
+# What the workers count per table (TableTraffic), summed over them, beside the shards' figures.
+TRAFFIC_FIGURES = ("ids_looked_up", "rows_read", "row_bytes_read")
+
+
+class TableTraffic:
+    """Per table, what a worker's steps asked of it: ids looked up (every id of every bag),
+    unique rows read (and, each step, written back: one gradient per row read) and those
+    rows' float32 payload (``rows * dim * 4``; the wire's bytes, compressed or not, are the
+    job-wide ``bytes_pulled`` / ``bytes_pushed``)."""
+
+    def __init__(self, dims: Mapping[str, int]) -> None:
+        self.dims = dict(dims)
+        self.counts = {name: [0, 0] for name in self.dims}
+
+    def add(self, plans: Mapping[str, tuple[Any, Any]]) -> None:
+        """One step's plans: per table (unique ids, inverse)."""
+        for name, (unique, inverse) in plans.items():
+            c = self.counts[name]
+            c[0] += len(inverse)
+            c[1] += len(unique)
+
+    @staticmethod
+    def figures(
+        everyone: Sequence[TableTraffic], dims: Mapping[str, int]
+    ) -> dict[str, dict[str, int]]:
+        """Every worker's counts summed, per table: :data:`TRAFFIC_FIGURES`."""
+        out: dict[str, dict[str, int]] = {}
+        for name, dim in dims.items():
+            ids = sum(t.counts[name][0] for t in everyone)
+            rows = sum(t.counts[name][1] for t in everyone)
+            out[name] = {"ids_looked_up": ids, "rows_read": rows, "row_bytes_read": rows * dim * 4}
+        return out
 
 
 def per_table_figures(shard_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
@@ -274,10 +306,11 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     out = [format_table(plain, ("metric", "value"))]
     tables = summary.get("tables")
     if isinstance(tables, Mapping) and tables:
-        rows = [
-            (name, *(t.get(k, 0) for k in ("dim", *TABLE_FIGURES))) for name, t in tables.items()
-        ]
-        out.append(format_table(rows, ("table", "dim", *TABLE_FIGURES)))
+        columns = ("dim", *TABLE_FIGURES)
+        if any(k in t for t in tables.values() for k in TRAFFIC_FIGURES):
+            columns += TRAFFIC_FIGURES
+        rows = [(name, *(t.get(k, 0) for k in columns)) for name, t in tables.items()]
+        out.append(format_table(rows, ("table", *columns)))
     if phases:
         total = sum(v for _, v in phases) or 1.0
         rows = [(name, secs, f"{100.0 * secs / total:.1f}%") for name, secs in phases]
