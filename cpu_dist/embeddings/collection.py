@@ -244,11 +244,12 @@ class EmbeddingBagCollection(nn.Module):
             mine = torch.tensor([index[f] for f in features], dtype=torch.int64)
             if weights is None and stride and bool((lengths.view(-1, stride)[mine] == 1).all()):
                 # every bag of the table holds one id (one-hot features: Criteo's, the default
-                # DLRM's): one lookup for all of them, feature-major, so the gradient of a row
-                # sums its uses in the order the one-hot embedding always has
-                d = table.embedding_dim
-                looked = F.embedding(inverse_t, rows).view(len(features), stride, d)
-                pooled.append(looked.transpose(0, 1).reshape(stride, len(features) * d))
+                # DLRM's): one lookup for all of them in sample-major order (the index is
+                # transposed, not the rows), which gives [B, F_t * d] without a copy and sums
+                # a row's gradient over its uses in the order the one-hot embedding always had
+                index_bf = inverse_t.view(len(features), stride).t().reshape(-1)
+                looked = F.embedding(index_bf, rows)
+                pooled.append(looked.view(stride, len(features) * table.embedding_dim))
                 continue
             at = 0
             for f in features:
