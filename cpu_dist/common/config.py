@@ -10,11 +10,25 @@ client's keyword defaults and its ``.pyi`` stub are tested against them.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.tables import DEFAULT_LR, FROM_FLAGS, JobTables, flag_table
+
+# The built-in models' names (``--model``), the first the default: the keys of
+# ``cpu_dist.models.factory.BUILTIN_MODELS``, restated here because the flags' checks must not
+# import torch (the two must stay equal; the models' tests can compare them, common's may not
+# import the models package).  A spec with ':' is a user's factory.
+BUILTIN_MODEL_NAMES = ("dlrm", "dcnv2")
+# The longest bag a job file's ``[data] bags`` may ask for (ids of one feature in one sample):
+# MLPerf's multi-hot Criteo has at most 100 per feature, so 1024 leaves room and keeps one
+# batch's ids bounded.
+MAX_BAG_LENGTH = 1024
+
+_FUNC_RE = re.compile(r"[A-Za-z_]\w*")
+_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,15 @@ class ModelConfig:
     dtype: str = "float32"  # dense parameters; embedding rows are always float32
     # First-touch rows are uniform in [-s, s); the default is the contract's, of the default dim.
     init_scale: float = default_init_scale(embedding_dim)
+    # --model: a built-in name (BUILTIN_MODEL_NAMES), PKG.MODULE:FUNC or path/file.py:FUNC;
+    # resolved by cpu_dist.models.factory when the job builds its model.
+    name: str = BUILTIN_MODEL_NAMES[0]
+    # A job file's other [model] keys, the factory's keyword arguments: (key, value) pairs
+    # sorted by key, values TOML scalars or (nested) tuples for TOML arrays.
+    args: tuple[tuple[str, object], ...] = ()
+    # dcnv2's low-rank cross network (TorchRec dlrm_main's --dcn_num_layers, --dcn_low_rank_dim)
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 512
 
 
 @dataclass(frozen=True)
@@ -112,6 +135,11 @@ class DataConfig:
     # takes (it was given and --epochs was not).
     epochs: int | None = 1
     shuffle: bool = False  # file data: each epoch's batch order drawn from (seed, epoch)
+    # A job file's [data] bags: (feature, min, max) sorted by feature, the feature multi-hot
+    # with bag lengths uniform in [min, max]; features not named have one id per sample.
+    bags: tuple[tuple[str, int, int], ...] = ()
+    # A job file's [data] weights: the features whose ids carry a per-id weight, sorted.
+    weights: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,9 +211,12 @@ class Config:
             )
 
     def settings(self) -> dict[str, Any]:
-        """Every setting as ``{"section.field": value}`` with JSON types (tuples as lists):
-        what a checkpoint manifest records and compares on resume.  The tables are
-        ``tables.fused`` and ``tables.tables`` (a list of ``JobTables.settings`` dicts)."""
+        """Every setting as ``{"section.field": value}`` with JSON types (tuples as lists, at
+        every depth: ``model.args`` is ``[[key, value], ...]``, ``data.bags`` ``[[feature,
+        min, max], ...]``), so that a setting read back from a manifest's JSON compares equal
+        to the same setting of this Config: what a checkpoint manifest records and compares on
+        resume.  The tables are ``tables.fused`` and ``tables.tables`` (a list of
+        ``JobTables.settings`` dicts)."""
         out: dict[str, Any] = {}
         for section in dataclasses.fields(self):
             value = getattr(self, section.name)
@@ -198,5 +229,45 @@ class Config:
                 continue
             for f in dataclasses.fields(value):
                 v = getattr(value, f.name)
-                out[f"{section.name}.{f.name}"] = list(v) if isinstance(v, tuple) else v
+                out[f"{section.name}.{f.name}"] = _json_value(v)
         return out
+
+
+def _json_value(value: object) -> object:
+    """``value`` with every tuple a list, recursively (what a JSON round trip gives back)."""
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def model_spec_problem(spec: object) -> str | None:
+    """Why ``spec`` cannot name a model (syntax only: nothing is imported or read), or None.
+
+    The rules of ``cpu_dist.models.factory.parse_model_spec``, which imports torch and so
+    cannot run where the flags are checked: a name without ':' must be built in; a user's
+    factory is ``PKG.MODULE:FUNC`` or ``path/to/file.py:FUNC``.  Whether the module, file
+    and function exist is the factory's to say, when the job builds its model.
+
+    Example::
+
+        assert model_spec_problem("dcnv2") is None
+        assert "unknown built-in model" in model_spec_problem("dlmr")
+    """
+    forms = "a built-in name, PKG.MODULE:FUNC or path/to/file.py:FUNC"
+    if not isinstance(spec, str) or not spec.strip():
+        return f"expected {forms}"
+    if ":" not in spec:
+        if spec in BUILTIN_MODEL_NAMES:
+            return None
+        return (
+            f"unknown built-in model (built-in: {', '.join(BUILTIN_MODEL_NAMES)}); a user "
+            "model is PKG.MODULE:FUNC or path/to/file.py:FUNC"
+        )
+    target, func = spec.rsplit(":", 1)
+    if not _FUNC_RE.fullmatch(func):
+        return f"{func!r} is not a function name (expected {forms})"
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        return None
+    if not _MODULE_RE.fullmatch(target):
+        return f"{target!r} is neither a dotted module name nor a .py file (expected {forms})"
+    return None

@@ -32,6 +32,8 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
         ("ps_memory_rows", external, "--ps-memory-rows", "PS ranks in the job"),
         ("ps_memory_bytes", external, "--ps-memory-bytes", "PS ranks in the job"),
         ("ps_ssd_dir", external, "--ps-ssd-dir", "PS ranks in the job"),
+        ("dcn_num_layers", a.model != "dcnv2", "--dcn-num-layers", "--model dcnv2"),
+        ("dcn_low_rank_dim", a.model != "dcnv2", "--dcn-low-rank-dim", "--model dcnv2"),
         (
             "optimization_plan_window",
             not a.optimization_prescan,

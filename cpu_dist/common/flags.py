@@ -13,6 +13,7 @@ import argparse
 from collections.abc import Sequence
 
 from cpu_dist.common.config import (
+    BUILTIN_MODEL_NAMES,
     CacheConfig,
     CheckpointConfig,
     ClientConfig,
@@ -34,8 +35,9 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         "--config",
         default=None,
         metavar="JOB.toml",
-        help="job file: the job's [[tables]] and any other flag in [job] (with underscores: "
-        "batch_size = 4096); a flag on the command line beats the file",
+        help="job file: the job's [[tables]], [model] (name = --model, the other keys its "
+        "arguments), [data] (kind = --data, bags, weights) and any other flag in [job] (with "
+        "underscores: batch_size = 4096); a flag on the command line beats the file",
     )
     g.add_argument(
         "--worker-num",
@@ -172,6 +174,14 @@ def add_data_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model")
+    m.add_argument(
+        "--model",
+        default=ModelConfig.name,
+        metavar="NAME",
+        help=f"the model: built-in {' or '.join(BUILTIN_MODEL_NAMES)}, or the user's factory "
+        "PKG.MODULE:FUNC or path/to/file.py:FUNC, called as FUNC(tables, dense_features, "
+        "**args) -> nn.Module; a job file's [model] name, its other [model] keys the args",
+    )
     m.add_argument("--embedding-dim", type=int, default=ModelConfig.embedding_dim)
     m.add_argument(
         "--arch-mlp-bot",
@@ -190,6 +200,26 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="first-touch rows are uniform in [-s, s) (default 1/sqrt(dim))",
+    )
+    m.add_argument(
+        "--dcn-num-layers",
+        "--dcn_num_layers",
+        dest="dcn_num_layers",
+        type=int,
+        default=ModelConfig.dcn_num_layers,
+        metavar="N",
+        help="--model dcnv2: layers of the low-rank cross network (TorchRec dlrm_main's "
+        "--dcn_num_layers)",
+    )
+    m.add_argument(
+        "--dcn-low-rank-dim",
+        "--dcn_low_rank_dim",
+        dest="dcn_low_rank_dim",
+        type=int,
+        default=ModelConfig.dcn_low_rank_dim,
+        metavar="N",
+        help="--model dcnv2: rank of each cross layer's weight, W = U V (TorchRec dlrm_main's "
+        "--dcn_low_rank_dim)",
     )
 
 
@@ -460,7 +490,11 @@ _FLAG_OF_SETTING = {
     "train.max_step": "--max_step",
     "model.bot_mlp": "--arch-mlp-bot",
     "model.top_mlp": "--arch-mlp-top",
+    "model.name": "--model",
+    "model.args": "--config [model]",
     "data.kind": "--data",
+    "data.bags": "--config [data] bags",
+    "data.weights": "--config [data] weights",
     "data.path": "--data-path",
     "client.channels": "--ps-channels",
     "client.max_keys_per_rpc": "--ps-max-keys-per-rpc",

@@ -10,9 +10,20 @@ Read with the standard library's ``tomllib``.  Its parts:
 - ``[job]``: any other flag under its name with underscores (``batch_size = 4096``), its value
   of the type the flag takes.  A flag given on the command line beats the file, which beats the
   built-in default (:func:`apply_job_defaults` makes the file's values the parser's defaults).
-- ``[model]`` and ``[data]``: reserved for the next issues (the model and the data as data);
-  every key in them is refused for now, and a flag that has a key of its own there
-  (:data:`SECTION_KEYS`) is refused in ``[job]``.
+- ``[model]``: ``name`` is ``--model`` (a built-in name, ``PKG.MODULE:FUNC`` or
+  ``path/to/file.py:FUNC``); every other key is a keyword argument of the model's factory,
+  kept in ``ModelConfig.args`` (:func:`model_args`: scalars as they are, arrays as tuples,
+  recursively; a TOML table is refused rather than turned into pairs, so that one spelling
+  of an argument exists until a model needs nested ones).
+- ``[data]`` (keys :data:`DATA_KEYS`): ``kind`` is ``--data``; ``bags = { FEATURE = [MIN,
+  MAX] }`` makes a feature multi-hot, bag lengths uniform in ``MIN..MAX`` (``0 <= MIN <= MAX
+  <= MAX_BAG_LENGTH``, ``MAX >= 1``; MIN 0 allows empty bags); ``weights = ["FEATURE", ...]``
+  gives those features' ids per-id weights.  Whether the features are the data's and the
+  data kind can have bags is checked with the flags (``job_file_checks.job_file_bags``).
+- A flag that has a key of its own in ``[model]`` or ``[data]`` (:data:`SECTION_KEYS`:
+  ``model``, ``data``) is refused in ``[job]``; like ``[job]`` values, ``[model] name`` and
+  ``[data] kind`` are the parser's defaults, so ``--model`` and ``--data`` on the command
+  line beat them.
 
 Every error is a :class:`JobFileError` whose message names the file, the table (its name, or
 its place when the name is what is wrong) and the key.  Nothing here knows MPI or the PS: the
@@ -23,6 +34,8 @@ starts.
 from __future__ import annotations
 
 import argparse
+import datetime
+import keyword
 import math
 import os
 import re
@@ -31,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpu_dist.common.config import MAX_BAG_LENGTH, model_spec_problem
 from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.tables import OPTIMIZERS, POOLINGS, JobTables, TableConfig
 
@@ -49,9 +63,13 @@ TABLE_KEYS = (
     "pooling",
 )
 SECTIONS = ("job", "tables", "model", "data")
-# Keys [model] and [data] will have (the next issues add them); a flag named here is refused
-# in [job], since its home is that section.
-SECTION_KEYS: dict[str, frozenset[str]] = {"model": frozenset(), "data": frozenset()}
+# The keys of [data] (any other is refused); [model] has name and the model's own arguments.
+DATA_KEYS = ("kind", "bags", "weights")
+# The flags that have a key of their own in [model] or [data]: section -> {key: flag dest}.
+# Such a flag is refused in [job], since its home is that key.
+SECTION_KEYS: dict[str, dict[str, str]] = {"model": {"name": "model"}, "data": {"kind": "data"}}
+# [model] keys a factory cannot take as keyword arguments: the job passes them positionally.
+MODEL_POSITIONAL = ("tables", "dense_features")
 # Flags that may not stand in [job]: the job file itself, and the Criteo hashing flags (a
 # table's num_embeddings replaces them beside a job file).
 NOT_IN_JOB = ("config", "num_embeddings_per_feature", "max_ind_range")
@@ -71,11 +89,27 @@ class JobFileError(ValueError):
 @dataclass(frozen=True)
 class JobFile:
     """A read job file: ``job`` holds the ``[job]`` values by flag dest, ``tables`` the raw
-    ``[[tables]]`` entries (checked by :func:`job_tables` once the flags are known)."""
+    ``[[tables]]`` entries (checked by :func:`job_tables` once the flags are known).
+
+    Args:
+        path: the file, as ``--config`` named it (every message names it).
+        job: ``[job]``'s values by flag dest, as the file gives them.
+        tables: the raw ``[[tables]]`` entries.
+        model_name: ``[model] name`` (None: the file names no model).
+        model_args: ``[model]``'s other keys, sorted (key, value) pairs (:func:`model_args`).
+        data_kind: ``[data] kind`` (None: not given).
+        bags: ``[data] bags`` as sorted (feature, min, max) triples.
+        weights: ``[data] weights``, sorted.
+    """
 
     path: str
     job: Mapping[str, Any]
     tables: tuple[Mapping[str, Any], ...]
+    model_name: str | None = None
+    model_args: tuple[tuple[str, object], ...] = ()
+    data_kind: str | None = None
+    bags: tuple[tuple[str, int, int], ...] = ()
+    weights: tuple[str, ...] = ()
 
 
 def read_job_file(path: str | os.PathLike[str]) -> JobFile:
@@ -104,23 +138,152 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
     tables = doc.get("tables", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise JobFileError(f"{name}: tables must be an array of tables ([[tables]] entries)")
-    for section, known in SECTION_KEYS.items():
+    for section in SECTION_KEYS:
         value = doc.get(section, {})
         if not isinstance(value, dict):
             raise JobFileError(f"{name}: {section} must be a table ([{section}])")
-        for key in value:
-            if key not in known:
-                raise JobFileError(
-                    f"{name}: [{section}] {key}: unknown key ([{section}] is reserved: its keys "
-                    "come with a later version; set the flag in [job] or on the command line)"
-                )
     for key in job:
-        for section, known in SECTION_KEYS.items():
-            if key in known:
-                raise JobFileError(
-                    f"{name}: [job] {key}: has a key of its own in [{section}]; set it there"
-                )
-    return JobFile(name, dict(job), tuple(dict(t) for t in tables))
+        for section, keys in SECTION_KEYS.items():
+            for own, dest in keys.items():
+                if key == dest:
+                    raise JobFileError(
+                        f"{name}: [job] {key}: has a key of its own, [{section}] {own}; set it "
+                        "there"
+                    )
+    model, data = doc.get("model", {}), doc.get("data", {})
+    for key in data:
+        if key not in DATA_KEYS:
+            raise JobFileError(
+                f"{name}: [data] {key}: unknown key ([data]'s keys: {', '.join(DATA_KEYS)}; "
+                "any other data flag goes in [job])"
+            )
+    bags = _bags(name, data["bags"]) if "bags" in data else ()
+    return JobFile(
+        name,
+        dict(job),
+        tuple(dict(t) for t in tables),
+        model_name=_model_name(name, model["name"]) if "name" in model else None,
+        model_args=model_args(name, model),
+        data_kind=_data_kind(name, data["kind"]) if "kind" in data else None,
+        bags=bags,
+        weights=_weights(name, data["weights"]) if "weights" in data else (),
+    )
+
+
+def _model_name(path: str, value: object) -> str:
+    """``[model] name``: a model spec, its syntax checked (the factory resolves it)."""
+    where = f"{path}: [model] name (--model)"
+    if not isinstance(value, str):
+        raise JobFileError(f"{where}: expected a string, got {_kind(value)}")
+    problem = model_spec_problem(value)
+    if problem is not None:
+        raise JobFileError(f"{where} {value!r}: {problem}")
+    return value
+
+
+def model_args(path: str, section: Mapping[str, Any]) -> tuple[tuple[str, object], ...]:
+    """``[model]``'s keys but ``name``, as ``ModelConfig.args``: (key, value) pairs sorted by
+    key, each key a Python identifier (a keyword argument of the factory), each value a TOML
+    string, integer, boolean or finite float, or an array of them (a tuple, recursively).
+
+    Refused, naming the file and the key: a TOML table (an inline table or ``[model.KEY]``:
+    there is no nested argument yet, so every argument has one spelling), a date or time (no
+    JSON form for the checkpoint to record), nan or inf (it never equals itself, so a resume
+    could not compare it), and ``tables`` / ``dense_features`` (the job passes those).
+
+    Example::
+
+        model_args("job.toml", {"name": "dcnv2", "low_rank_dim": 8, "widths": [4, [2, 1]]})
+        # (("low_rank_dim", 8), ("widths", (4, (2, 1))))
+    """
+    out = []
+    for key in sorted(section):
+        if key == "name":
+            continue
+        where = f"{path}: [model] {key}"
+        if not key.isidentifier() or keyword.iskeyword(key):
+            raise JobFileError(
+                f"{path}: [model] {key!r}: not a Python identifier (each key but name is a "
+                "keyword argument of the model's factory)"
+            )
+        if key in MODEL_POSITIONAL:
+            raise JobFileError(
+                f"{where}: the job passes the factory its tables and dense_features itself "
+                "(from [[tables]] and the data); not a [model] key"
+            )
+        out.append((key, _model_value(where, section[key])))
+    return tuple(out)
+
+
+def _model_value(where: str, value: object) -> object:
+    """One [model] value as ``ModelConfig.args`` holds it (:func:`model_args`)."""
+    if isinstance(value, dict):
+        raise JobFileError(
+            f"{where}: a table is not a model argument (give a string, number, boolean or array)"
+        )
+    if isinstance(value, list):
+        return tuple(_model_value(where, v) for v in value)
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
+        raise JobFileError(f"{where}: a date or time is not a model argument (give a string)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise JobFileError(f"{where}: {value}: a model argument must be a finite number")
+    return value
+
+
+def _data_kind(path: str, value: object) -> str:
+    """``[data] kind``: a string (its choices are --data's, checked by :func:`job_defaults`)."""
+    if not isinstance(value, str):
+        raise JobFileError(f"{path}: [data] kind (--data): expected a string, got {_kind(value)}")
+    return value
+
+
+def _bags(path: str, value: object) -> tuple[tuple[str, int, int], ...]:
+    """``[data] bags = { FEATURE = [MIN, MAX] }`` as sorted (feature, min, max) triples."""
+    where = f"{path}: [data] bags"
+    if not isinstance(value, dict):
+        raise JobFileError(
+            f"{where}: expected a table of FEATURE = [MIN, MAX] (bags = {{ cat_0 = [1, 20] }}), "
+            f"got {_kind(value)}"
+        )
+    out = []
+    for feature in sorted(value):
+        pair = value[feature]
+        at = f"{where}: {feature!r}"
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+        ):
+            if not isinstance(pair, list):
+                shown = _kind(pair)
+            elif len(pair) != 2:
+                shown = f"{len(pair)} values"
+            else:
+                shown = " and ".join(_kind(v) for v in pair)
+            raise JobFileError(f"{at}: expected [MIN, MAX], two integers, got {shown}")
+        low, high = pair
+        if not 0 <= low <= high <= MAX_BAG_LENGTH:
+            raise JobFileError(
+                f"{at}: [{low}, {high}]: bag lengths must satisfy 0 <= MIN <= MAX <= "
+                f"{MAX_BAG_LENGTH}"
+            )
+        if high == 0:
+            raise JobFileError(
+                f"{at}: [0, 0]: every bag would be empty (MAX >= 1; MIN 0 allows empty bags)"
+            )
+        out.append((feature, int(low), int(high)))
+    return tuple(out)
+
+
+def _weights(path: str, value: object) -> tuple[str, ...]:
+    """``[data] weights = ["FEATURE", ...]``: unique names, sorted."""
+    where = f"{path}: [data] weights"
+    if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
+        raise JobFileError(f'{where}: expected an array of feature names (weights = ["cat_0"])')
+    twice = sorted({f for f in value if value.count(f) > 1})
+    if twice:
+        raise JobFileError(f"{where}: {', '.join(map(repr, twice))} listed twice")
+    return tuple(sorted(value))
 
 
 def _kind(value: object) -> str:
@@ -140,10 +303,13 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
-def _flag_value(path: str, action: argparse.Action, key: str, value: object) -> object:
-    """``value`` as the flag's argparse action would hold it, or JobFileError."""
+def _flag_value(
+    path: str, action: argparse.Action, key: str, value: object, section: str = "job"
+) -> object:
+    """``value`` as the flag's argparse action would hold it, or JobFileError (naming the
+    file, ``[section] key`` and the flag)."""
     flag = max(action.option_strings, key=len)
-    where = f"{path}: [job] {key} ({flag})"
+    where = f"{path}: [{section}] {key} ({flag})"
     if isinstance(action, argparse._StoreTrueAction):
         if not isinstance(value, bool):
             raise JobFileError(f"{where}: expected true or false, got {_kind(value)}")
@@ -179,7 +345,8 @@ def _flag_value(path: str, action: argparse.Action, key: str, value: object) -> 
 
 
 def job_defaults(job_file: JobFile, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The ``[job]`` values by flag dest, each checked as the flag's action would take it."""
+    """The ``[job]`` values by flag dest, each checked as the flag's action would take it,
+    and ``[model] name`` / ``[data] kind`` as ``--model`` / ``--data``."""
     actions = {
         a.dest: a for a in parser._actions if a.option_strings and a.dest != argparse.SUPPRESS
     }
@@ -201,14 +368,22 @@ def job_defaults(job_file: JobFile, parser: argparse.ArgumentParser) -> dict[str
                 f"{job_file.path}: [job] {key}: unknown key: not a flag of launcher.py{hint}"
             )
         out[key] = _flag_value(job_file.path, action, key, value)
+    for section, key, value in (
+        ("model", "name", job_file.model_name),
+        ("data", "kind", job_file.data_kind),
+    ):
+        dest = SECTION_KEYS[section][key]
+        if value is not None and dest in actions:  # a tool without the flag has no use for it
+            out[dest] = _flag_value(job_file.path, actions[dest], key, value, section)
     return out
 
 
 def apply_job_defaults(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None
 ) -> JobFile | None:
-    """Read the ``--config`` that ``argv`` names (if any) and make its ``[job]`` values the
-    parser's defaults, so that the command line still beats them.  Returns the job file."""
+    """Read the ``--config`` that ``argv`` names (if any) and make its ``[job]`` values (and
+    ``[model] name``, ``[data] kind``) the parser's defaults, so that the command line still
+    beats them.  Returns the job file."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, _ = pre.parse_known_args(argv)

@@ -1,5 +1,6 @@
 """A job file (``--config``) against the flags: the checks ``validate`` runs where the
-file's tables meet the flags, and the warnings for table-default flags every table overrides.
+file's tables and ``[data]`` meet the flags, and the warnings for table-default flags every
+table overrides.
 
 Refusals are :class:`~cpu_dist.common.job_file.JobFileError`s (``validate`` reports them as
 ConfigErrors, with the same message), naming the flag, the file and, where one is at fault,
@@ -9,10 +10,27 @@ the table.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from cpu_dist.common.config import TrainConfig
-from cpu_dist.common.job_file import JobFileError, TableDefaults, job_tables, read_job_file
+from cpu_dist.common.job_file import (
+    JobFile,
+    JobFileError,
+    TableDefaults,
+    job_tables,
+    read_job_file,
+)
 from cpu_dist.common.tables import CATEGORICAL_FEATURES, JobTables
+
+
+def job_file_of(a: argparse.Namespace) -> JobFile | None:
+    """The ``--config`` job file: the one ``flags.parse_args`` read (``a.job_file``), else
+    read now (a Namespace built otherwise); None without ``--config``."""
+    job_file = getattr(a, "job_file", None)
+    if job_file is not None:
+        return job_file
+    path = getattr(a, "config", None)
+    return read_job_file(path) if path else None
 
 
 def job_file_tables(a: argparse.Namespace, train: TrainConfig) -> JobTables | None:
@@ -38,7 +56,9 @@ def job_file_tables(a: argparse.Namespace, train: TrainConfig) -> JobTables | No
     ):
         if value < 0:
             raise JobFileError(f"{flag} {value}: must be >= 0")
-    job_file = getattr(a, "job_file", None) or read_job_file(path)
+    job_file = job_file_of(a)
+    if job_file is None:
+        return None
     return job_tables(
         job_file,
         TableDefaults(
@@ -52,6 +72,39 @@ def job_file_tables(a: argparse.Namespace, train: TrainConfig) -> JobTables | No
         CATEGORICAL_FEATURES,  # every data kind's: Criteo's and the synthetic stream's
         a.data,
     )
+
+
+def job_file_bags(
+    a: argparse.Namespace, data_features: Sequence[str]
+) -> tuple[tuple[tuple[str, int, int], ...], tuple[str, ...]]:
+    """The job file's ``[data] bags`` and ``weights`` (``DataConfig.bags``, ``.weights``);
+    empty without a job file.  Refused, naming the file, the key and the feature: a feature
+    that is not one of ``data_features`` (the job's tables' features), and bags or weights
+    with a ``--data`` other than ``synthetic`` (multi-hot Criteo and Parquet input are not
+    there yet).  ``--read-mode bagpipe`` is not refused here: the cache stage's own checks
+    say what it serves."""
+    job_file = job_file_of(a)
+    if job_file is None:
+        return (), ()
+    keyed = [("bags", f) for f, _, _ in job_file.bags] + [("weights", f) for f in job_file.weights]
+    known = set(data_features)
+    for key, feature in keyed:
+        if feature not in known:
+            shown = (
+                f"{data_features[0]} ... {data_features[-1]}" if data_features else "no features"
+            )
+            raise JobFileError(
+                f"{job_file.path}: [data] {key}: {feature!r} is not a feature of the data "
+                f"(--data {a.data} has {shown})"
+            )
+    if keyed and a.data != "synthetic":
+        key, feature = keyed[0]
+        raise JobFileError(
+            f"{job_file.path}: [data] {key}: {feature!r}: multi-hot bags and per-id weights "
+            f"need --data synthetic, not --data {a.data} (multi-hot Criteo and Parquet input "
+            "are not supported yet: they come with --multi-hot-sizes and --data parquet)"
+        )
+    return job_file.bags, job_file.weights
 
 
 def check_rows_budget(a: argparse.Namespace, tables: JobTables | None) -> None:

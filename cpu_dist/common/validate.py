@@ -9,7 +9,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from cpu_dist.common.config import (
     CacheConfig,
@@ -22,15 +22,22 @@ from cpu_dist.common.config import (
     OutputConfig,
     TableConfig,
     TrainConfig,
+    model_spec_problem,
 )
 from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.first_rank import launch_rank
 from cpu_dist.common.flag_warnings import ineffective_flags
 from cpu_dist.common.job_file import JobFileError
-from cpu_dist.common.job_file_checks import check_cache_tables, check_rows_budget, job_file_tables
+from cpu_dist.common.job_file_checks import (
+    check_cache_tables,
+    check_rows_budget,
+    job_file_bags,
+    job_file_of,
+    job_file_tables,
+)
 from cpu_dist.common.output_checks import check_outputs
-from cpu_dist.common.tables import FROM_FLAGS, JobTables
+from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
 
 
 class ConfigError(ValueError):
@@ -148,7 +155,28 @@ def _model(a: argparse.Namespace, tables: JobTables | None) -> ModelConfig:
     scale = a.init_scale if a.init_scale is not None else default_init_scale(dim)
     if tables is not None and len({t.init_scale for t in tables.tables}) == 1:
         scale = tables.tables[0].init_scale
-    return ModelConfig(dim, bot, top, a.dtype, scale)
+    problem = model_spec_problem(a.model)
+    if problem is not None:
+        raise ConfigError(f"--model {a.model!r}: {problem}")
+    for flag, value in (
+        ("--dcn-num-layers", a.dcn_num_layers),
+        ("--dcn-low-rank-dim", a.dcn_low_rank_dim),
+    ):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: must be >= 1")
+    with _as_config_error():
+        job_file = job_file_of(a)
+    return ModelConfig(
+        dim,
+        bot,
+        top,
+        a.dtype,
+        scale,
+        name=a.model,
+        args=job_file.model_args if job_file is not None else (),
+        dcn_num_layers=a.dcn_num_layers,
+        dcn_low_rank_dim=a.dcn_low_rank_dim,
+    )
 
 
 def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
@@ -197,8 +225,11 @@ def _hash_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:
     return sizes
 
 
-def data_config(a: argparse.Namespace) -> DataConfig:
-    """The data section alone (tools that read the same batches as a job)."""
+def data_config(
+    a: argparse.Namespace, data_features: Sequence[str] = CATEGORICAL_FEATURES
+) -> DataConfig:
+    """The data section alone (tools that read the same batches as a job).  ``data_features``:
+    the features a job file's ``[data]`` bags and weights may name (the job's tables')."""
     if a.data == "criteo":
         if not a.data_path:
             raise ConfigError("--data criteo needs --data-path FILE")
@@ -255,6 +286,8 @@ def data_config(a: argparse.Namespace) -> DataConfig:
                 f"{', '.join(given)}: only for --data criteo or criteo-bin (the synthetic "
                 "stream has its own key space and never ends)"
             )
+    with _as_config_error():
+        bags, weights = job_file_bags(a, data_features)
     return DataConfig(
         kind=a.data,
         path=a.data_path,
@@ -264,6 +297,8 @@ def data_config(a: argparse.Namespace) -> DataConfig:
         max_ind_range=a.max_ind_range,
         epochs=_epochs(a),
         shuffle=a.shuffle,
+        bags=bags,
+        weights=weights,
     )
 
 
@@ -426,7 +461,7 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
         raise ConfigError(str(exc)) from None
     with _as_config_error():  # first: it refuses the hashing flags beside it
         tables = job_file_tables(args, train)
-    data = data_config(args)
+    data = data_config(args, tables.data_features if tables is not None else CATEGORICAL_FEATURES)
     config = Config(
         job=job,
         model=_model(args, tables),
