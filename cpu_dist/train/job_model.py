@@ -19,7 +19,7 @@ __all__ = ["build_job_model", "model_args", "model_name", "model_tables"]
 
 def model_name(cfg: Config) -> str:
     """``--model`` (a job file's ``[model] name``); ``dlrm`` by default."""
-    return str(getattr(cfg.model, "name", "dlrm"))
+    return cfg.model.name
 
 
 def model_tables(cfg: Config) -> list[EmbeddingBagConfig]:
@@ -37,11 +37,19 @@ def model_args(cfg: Config) -> dict[str, Any]:
     if name in ("dlrm", "dcnv2"):
         args = {"bot_mlp": list(m.bot_mlp), "top_mlp": list(m.top_mlp)}
     if name == "dcnv2":
-        args["num_layers"] = int(getattr(m, "dcn_num_layers", 3))
-        args["low_rank_dim"] = int(getattr(m, "dcn_low_rank_dim", 512))
-    for key, value in getattr(m, "args", ()):
-        args[key] = list(value) if isinstance(value, tuple) else value
+        args["num_layers"] = m.dcn_num_layers
+        args["low_rank_dim"] = m.dcn_low_rank_dim
+    for key, value in m.args:
+        args[key] = _as_lists(value)
     return args
+
+
+def _as_lists(value: Any) -> Any:
+    """A ``[model]`` value as the TOML file wrote it: arrays (tuples in the Config) as lists,
+    at every depth."""
+    if isinstance(value, tuple):
+        return [_as_lists(v) for v in value]
+    return value
 
 
 def build_job_model(cfg: Config, dense_features: int) -> nn.Module:

@@ -132,7 +132,7 @@ def test_a_module_spec_imports_the_module():
 @pytest.mark.parametrize(
     "spec, pattern",
     [
-        ("dlrm2", r"model 'dlrm2': unknown built-in model \(built-in: dcnv2\)"),
+        ("dlrm2", r"model 'dlrm2': unknown built-in model \(built-in: dcnv2, dlrm\)"),
         ("", r"model '': expected a built-in name"),
         (
             "no_such_pkg.mod:f",
@@ -233,3 +233,18 @@ def test_a_module_whose_own_import_fails_shows_that_cause(tmp_path: Path, monkey
     text = str(err.value)
     assert "cannot import h8_user_pkg.models: ModuleNotFoundError: No module named " in text
     assert "'h8_absent_dependency'" in text and "PYTHONPATH" not in text  # not a path problem
+
+
+def test_the_launchers_builtin_names_are_the_factorys():
+    """cpu_dist.common checks --model before MPI starts without importing torch, from its own
+    list of built-in names: it must be the factory's."""
+    from cpu_dist.common.config import BUILTIN_MODEL_NAMES, model_spec_problem
+
+    assert BUILTIN_MODEL_NAMES == tuple(BUILTIN_MODELS)
+    for spec in ("dlrm", "dcnv2", "dlmr", "pkg.mod:build", "a/b.py:f", "x:1bad", "bad mod:f", ":f"):
+        try:
+            parse_model_spec(spec)
+            parses = True
+        except ModelError:
+            parses = False
+        assert (model_spec_problem(spec) is None) == parses, spec
