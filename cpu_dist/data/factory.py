@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 from cpu_dist.common.config import DataConfig
@@ -57,8 +57,11 @@ def make_dataset(
     eval_every: int = 10,
     epochs: int | None = 1,
     shuffle: bool = False,
+    bags: Mapping[str, tuple[int, int]] | None = None,
+    weights: Sequence[str] = (),
 ) -> Dataset:
-    """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse; endless),
+    """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse, and
+    the multi-hot features ``bags = {feature: (MIN, MAX)}`` and weighted ones ``weights``; endless),
     ``kind="criteo"`` (path: a TSV file) or ``kind="criteo-bin"`` (path: a converted directory),
     both with the hashing (hash_size, num_embeddings_per_feature, max_ind_range: see
     ``keys.criteo_hash_sizes``), eval_every, epochs, shuffle and seed, and for TSV
@@ -70,9 +73,17 @@ def make_dataset(
             seed=seed,
             num_dense=num_dense,
             num_sparse=num_sparse,
+            bags=bags,
+            weights=weights,
         )
     if kind not in KINDS:
         raise ValueError(f"unknown dataset kind {kind!r} (expected one of {', '.join(KINDS)})")
+    if bags or weights:
+        named = sorted({*(bags or {}), *weights})
+        raise ValueError(
+            f"the {kind} data has one id per feature: bags and weights (of {', '.join(named)}) "
+            f"need kind 'synthetic' (multi-hot Criteo files are not supported yet)"
+        )
     if path is None:
         raise ValueError(f"the {kind} dataset needs a path")
     sizes = criteo_hash_sizes(num_embeddings_per_feature, max_ind_range, hash_size)
@@ -115,8 +126,10 @@ def feature_names(dataset: Dataset) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def dataset_for(data: DataConfig, seed: int) -> Dataset:
-    """The dataset of a job's ``--data`` flags (the trainer's, and any tool that must read the
-    same batches)."""
+    """The dataset of a job's ``--data`` flags and job file's ``[data]`` (the trainer's, and
+    any tool that must read the same batches); ``data.bags`` ``((feature, MIN, MAX), ...)`` and
+    ``data.weights`` become the synthetic stream's multi-hot and weighted features."""
+    bags = {name: (lo, hi) for name, lo, hi in data.bags}
     return make_dataset(
         data.kind,
         path=data.path,
@@ -127,4 +140,6 @@ def dataset_for(data: DataConfig, seed: int) -> Dataset:
         max_ind_range=data.max_ind_range,
         epochs=data.epochs,
         shuffle=data.shuffle,
+        bags=bags,
+        weights=data.weights,
     )

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cpu_dist.data import SyntheticCriteo
-from cpu_dist.data.synthetic import DEFAULT_CARDINALITIES, _zipf_cdf
+from cpu_dist.data.synthetic import DEFAULT_CARDINALITIES, _zipf_cdf, _zipf_guide, _zipf_ranks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,6 +81,28 @@ def test_zipf_cdf_is_exact():
     w = 1.0 / np.arange(1, 6)
     np.testing.assert_allclose(cdf, np.cumsum(w) / w.sum())
     assert cdf[-1] == 1.0
+
+
+@pytest.mark.parametrize("card", [1, 2, 3, 24, 1460, 12517, 200_000, 1_000_000])
+def test_guided_zipf_ranks_are_searchsorteds(card):
+    s = 1.05
+    cdf = _zipf_cdf(card, s)
+    k = _zipf_guide(card, s)[0].shape[0] - 1
+    edges = np.arange(k + 1, dtype=np.float64) / k
+    u = np.concatenate(
+        [
+            np.random.default_rng(card).random(50_000),
+            cdf[:-1],  # the CDF's own values and their neighbours: where a rank changes
+            np.nextafter(cdf[:-1], 0.0),
+            np.nextafter(cdf[:-1], 1.0),
+            edges[:-1],  # the guide's bucket edges and the floats just below them
+            np.nextafter(edges[1:], 0.0),
+            [0.0, np.nextafter(1.0, 0.0)],
+        ]
+    )
+    u = u[(u >= 0.0) & (u < 1.0)]
+    want = np.minimum(np.searchsorted(cdf, u, side="right"), card - 1)
+    np.testing.assert_array_equal(_zipf_ranks(card, s, u), want)
 
 
 def test_labels_follow_the_hidden_model():
