@@ -3,10 +3,12 @@
 Outside a job a collection owns a :class:`LocalRows`: every table is a lazy store whose rows
 are created at first touch from ``contracts.row_init`` (only touched rows exist, so a raw-id
 table or a 40M-row one costs what a run touches) and updated by
-``contracts.sparse_update``, the parameter server's optimizers in numpy.  That makes a user's
-model, as written, its own single-process reference.  Inside a job the framework gives the
-collection a source that hands it the rows the step pipeline pulled for this batch and
-collects their gradients (issue 25's next step); the collection does not change.
+``contracts.sparse_update``, the parameter server's optimizers in numpy, under the parameter
+server's admission and expiry rules (``admit_after``, ``expire_after``; the text of
+``cpu_dist/sparse/csrc/table_rules.h``).  That makes a user's model, as written, its own
+single-process reference.  Inside a job the framework gives the collection a source that
+hands it the rows the step pipeline pulled for this batch and collects their gradients; the
+collection does not change.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ import torch
 from cpu_dist.common.contracts import row_init, sparse_update, state_floats
 
 __all__ = ["LazyTable", "LocalRows", "RowSource", "TableSpec"]
+
+# What every table's arrays() holds, and what a table with rules adds: each held row's
+# last-update step, the counts of ids seen but not admitted (the shard's checkpoint saves the
+# same three things) and the step the table commits next.
+ROW_ARRAYS = ("ids", "weight", "optimizer_state")
+RULE_ARRAYS = ("last_update", "count_ids", "count", "last_seen", "step")
 
 
 class TableSpec(Protocol):
@@ -52,33 +60,104 @@ class RowSource(Protocol):
     def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor: ...
 
 
+def _find(sorted_ids: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(position of each of ids in sorted_ids, whether it is there)``."""
+    pos = np.searchsorted(sorted_ids, ids)
+    found = np.zeros(len(ids), dtype=bool)
+    inside = pos < len(sorted_ids)
+    found[inside] = sorted_ids[pos[inside]] == ids[inside]
+    return pos, found
+
+
+class _Counts:
+    """The admission counts of ids that hold no row (the shard's ``pending``): per id, how
+    many steps it was seen in and the last of them, in arrays sorted by id."""
+
+    def __init__(self) -> None:
+        self.set(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def set(self, ids: np.ndarray, count: np.ndarray, last_seen: np.ndarray) -> None:
+        self.ids, self.count, self.last_seen = ids, count, last_seen
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def seen(self, ids: np.ndarray) -> np.ndarray:
+        """Each of ``ids``' count, 0 for an id without one."""
+        pos, found = _find(self.ids, ids)
+        out = np.zeros(len(ids), dtype=np.int64)
+        out[found] = self.count[pos[found]]
+        return out
+
+    def replace(self, ids: np.ndarray, count: np.ndarray, step: int) -> None:
+        """Forget the counts of ``ids`` (sorted, unique), then count those of them whose
+        ``count`` is above 0, last seen at ``step``."""
+        pos, found = _find(self.ids, ids)
+        keep = np.ones(len(self.ids), dtype=bool)
+        keep[pos[found]] = False
+        new = count > 0
+        merged = np.concatenate([self.ids[keep], ids[new]])
+        order = np.argsort(merged, kind="stable")
+        self.set(
+            merged[order],
+            np.concatenate([self.count[keep], count[new]])[order],
+            np.concatenate([self.last_seen[keep], np.full(int(new.sum()), step, np.int64)])[order],
+        )
+
+    def expire(self, horizon: int) -> None:
+        """Forget every count last seen at step ``horizon`` or earlier."""
+        keep = self.last_seen > horizon
+        self.set(self.ids[keep], self.count[keep], self.last_seen[keep])
+
+
 class LazyTable:
-    """One table's touched rows, grown at first touch: float32 rows and optimizer state
+    """One table's held rows, grown at first touch: float32 rows and optimizer state
     (``[.., dim]`` or ``[..]``, ``contracts.state_floats``) in touch order, in arrays whose
     capacity doubles, and a sorted index (ids, slots) to find them.  A new id moves only the
     index's int64 entries, never the rows, so a step that touches new ids costs
-    ``O(index + new rows)``, not a copy of the table."""
+    ``O(index + new rows)``, not a copy of the table.
+
+    The table holds what a shard of the parameter server would: rows that a step updated
+    (:meth:`commit`), plus, for a table without rules, the rows the step in progress looked
+    up while autograd recorded (that step will update them all; :meth:`discard_fresh` drops
+    them if it is abandoned).  Any other id reads its first-touch row ``row_init``.
+
+    With rules (``admit_after`` N > 1 or ``expire_after`` S > 0), :meth:`commit` of step t
+    applies the shard's (``csrc/table_rules.h``): every id of the step's union without a row
+    counts one more step (last seen t) and is admitted once its count reaches N; admitted ids
+    (and ids with a row) get their gradient applied (a new row starts from ``row_init``,
+    state 0) and last update t; the others hold no row.  Then every row last updated at
+    t - S or earlier is dropped (it reads ``row_init`` again, state and count gone), and so is
+    every count last seen at t - S or earlier.
+    """
 
     def __init__(self, spec: TableSpec, seed: int) -> None:
         self.name, self.dim = spec.name, int(spec.embedding_dim)
         self.scale, self.seed = float(spec.init_scale), int(seed)
         self.optimizer, self.eps = spec.optimizer, float(spec.eps)
+        self.admit_after = max(int(spec.admit_after), 1)  # 0 and 1: admission off
+        self.expire_after = int(spec.expire_after)  # 0: expiry off
+        self.rules = self.admit_after > 1 or self.expire_after > 0
+        self.step = 0  # the step the next commit() is
         width = state_floats(self.optimizer, self.dim)
         self._state_shape: tuple[int, ...] = (self.dim,) if width > 1 else ()
+        self._counts = _Counts()
+        self._fresh: list[np.ndarray] = []
         self._set(
             np.zeros(0, dtype=np.int64),
             np.zeros((0, self.dim), dtype=np.float32),
             np.zeros((0, *self._state_shape), dtype=np.float32),
+            np.zeros(0, dtype=np.int64),
         )
 
-    def _set(self, ids: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:
-        """Hold exactly these (sorted ids, their rows and state)."""
+    def _set(self, ids: np.ndarray, rows: np.ndarray, state: np.ndarray, last: np.ndarray) -> None:
+        """Hold exactly these (sorted ids, their rows, state and last-update steps)."""
         self._ids = ids
         self._slots = np.arange(len(ids), dtype=np.int64)
-        self._rows, self._state, self._n = rows, state, len(ids)
+        self._rows, self._state, self._last, self._n = rows, state, last, len(ids)
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._ids)
 
     @property
     def ids(self) -> np.ndarray:
@@ -95,12 +174,14 @@ class LazyTable:
         """The held optimizer state in id order (a copy)."""
         return self._state[self._slots]
 
+    @property
+    def last_update(self) -> np.ndarray:
+        """The step that last updated each held row of a table with rules, in id order (a
+        copy; -1 in a table without rules, which keeps no steps)."""
+        return self._last[self._slots]
+
     def _where(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pos = np.searchsorted(self._ids, ids)
-        found = np.zeros(len(ids), dtype=bool)
-        inside = pos < len(self._ids)
-        found[inside] = self._ids[pos[inside]] == ids[inside]
-        return pos, found
+        return _find(self._ids, ids)
 
     def _grow(self, extra: int) -> None:
         need = self._n + extra
@@ -111,11 +192,36 @@ class LazyTable:
         rows[: self._n] = self._rows[: self._n]
         state = np.zeros((cap, *self._state_shape), dtype=np.float32)
         state[: self._n] = self._state[: self._n]
-        self._rows, self._state = rows, state
+        last = np.full(cap, -1, dtype=np.int64)
+        last[: self._n] = self._last[: self._n]
+        self._rows, self._state, self._last = rows, state, last
+
+    def _insert(self, ids: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> None:
+        """Hold new ``ids`` (sorted, none held; ``pos`` their index positions) with these
+        first-touch rows, state 0 and no last update."""
+        m = len(ids)
+        self._grow(m)
+        slots = np.arange(self._n, self._n + m, dtype=np.int64)
+        self._rows[slots] = rows
+        self._state[slots] = 0.0
+        self._last[slots] = -1
+        self._ids = np.insert(self._ids, pos, ids)
+        self._slots = np.insert(self._slots, pos, slots)
+        self._n += m
+
+    def _remove(self, ids: np.ndarray) -> None:
+        """Hold no row for ``ids`` (sorted, held) any more; their slots are reclaimed when
+        the dead ones outnumber the live ones."""
+        pos, _ = self._where(ids)
+        self._ids = np.delete(self._ids, pos)
+        self._slots = np.delete(self._slots, pos)
+        if self._n - len(self._ids) > max(len(self._ids), 16):
+            self._set(self._ids.copy(), self.rows, self.state, self.last_update)
 
     def get(self, ids: np.ndarray, create: bool) -> np.ndarray:
-        """Rows of sorted unique ``ids`` (a copy); unseen ones are their first-touch rows,
-        kept in the table when ``create``."""
+        """Rows of sorted unique ``ids`` (a copy); ids without a row read their first-touch
+        rows, which the table holds from now on when ``create`` (a recording lookup of a
+        table without rules: the step in progress will update them)."""
         pos, found = self._where(ids)
         out = np.empty((len(ids), self.dim), dtype=np.float32)
         out[found] = self._rows[self._slots[pos[found]]]
@@ -124,29 +230,106 @@ class LazyTable:
             new = row_init(self.seed, ids[missing], self.dim, self.scale, self.name)
             out[missing] = new
             if create:
-                m = len(new)
-                self._grow(m)
-                slots = np.arange(self._n, self._n + m, dtype=np.int64)
-                self._rows[slots] = new
-                self._state[slots] = 0.0
-                at = pos[missing]
-                self._ids = np.insert(self._ids, at, ids[missing])
-                self._slots = np.insert(self._slots, at, slots)
-                self._n += m
+                self._insert(ids[missing], pos[missing], new)
+                self._fresh.append(ids[missing])
         return out
+
+    def discard_fresh(self) -> None:
+        """Drop the rows :meth:`get` created since the last :meth:`commit` (their step was
+        abandoned, so no step updated them: a shard would not hold them)."""
+        if self._fresh:
+            fresh = np.unique(np.concatenate(self._fresh))
+            self._fresh.clear()
+            self._remove(fresh[self._where(fresh)[1]])
+
+    def update(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """``contracts.sparse_update`` on the held rows ``ids`` (sorted, unique) with their
+        aggregated gradients, the parameter server's arithmetic.  No rules: the caller's
+        step decides what to update (:meth:`commit` is a step)."""
+        pos, found = self._where(ids)
+        if not found.all():
+            raise KeyError(f"table {self.name!r}: id {int(ids[~found][0])} was never looked up")
+        slots = self._slots[pos]
+        rows, state = self._rows[slots], self._state[slots]
+        extra = {"eps": self.eps} if self.optimizer == "adagrad" else {}
+        sparse_update(self.optimizer, rows, state, grads, lr, **extra)
+        self._rows[slots], self._state[slots] = rows, state
+
+    def commit(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> int:
+        """Step :attr:`step` of the table: ``ids`` (sorted, unique: every id the step looked
+        up while autograd recorded, possibly none) with their summed gradients ``[u, dim]``
+        (zeros for ids whose rows got none), under the table's rules; then the next step.
+        Returns how many rows the gradients were applied to."""
+        t, self.step = self.step, self.step + 1
+        self._fresh.clear()
+        pos, held = self._where(ids)
+        admitted = np.ones(len(ids), dtype=bool)  # no rules: every id of the step
+        if self.rules:
+            admitted = held.copy()  # an id with a row is admitted
+            waiting = np.flatnonzero(~held)
+            count = self._counts.seen(ids[waiting]) + 1
+            admit = count >= self.admit_after
+            admitted[waiting[admit]] = True
+            count[admit] = 0  # an admitted id's count is forgotten: it holds a row now
+            self._counts.replace(ids[waiting], count, t)
+        new = admitted & ~held
+        if new.any():
+            self._insert(
+                ids[new], pos[new], row_init(self.seed, ids[new], self.dim, self.scale, self.name)
+            )
+        done = ids if admitted.all() else ids[admitted]
+        if len(done):
+            g = grads if len(done) == len(ids) else grads[admitted]
+            self.update(done, np.ascontiguousarray(g, dtype=np.float32), lr)
+            if self.rules:
+                self._last[self._slots[self._where(done)[0]]] = t
+        if self.expire_after > 0:
+            horizon = t - self.expire_after
+            self._remove(self._ids[self.last_update <= horizon])
+            self._counts.expire(horizon)
+        return len(done)
+
+    def array_names(self) -> tuple[str, ...]:
+        """The keys of :meth:`arrays` (and what :meth:`load` needs): the rows, and for a
+        table with rules the rules' counters."""
+        return ROW_ARRAYS + RULE_ARRAYS if self.rules else ROW_ARRAYS
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The held state as arrays in id order (copies): ``ids``, ``weight``,
-        ``optimizer_state``."""
-        return {"ids": self._ids.copy(), "weight": self.rows, "optimizer_state": self.state}
+        ``optimizer_state``; with rules also ``last_update`` (int64, per held row),
+        ``count_ids`` / ``count`` / ``last_seen`` (int64: the ids seen but not admitted) and
+        ``step`` (int64 scalar: the next step), what continuing identically needs."""
+        out = {"ids": self._ids.copy(), "weight": self.rows, "optimizer_state": self.state}
+        if self.rules:
+            out["last_update"] = self.last_update
+            out["count_ids"] = self._counts.ids.copy()
+            out["count"] = self._counts.count.copy()
+            out["last_seen"] = self._counts.last_seen.copy()
+            out["step"] = np.array(self.step, dtype=np.int64)
+        return out
 
     def check(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Refuse :meth:`arrays`' that this table cannot hold: ids not sorted unique int64,
-        rows not ``[n, dim]``, a state not of this optimizer's shape."""
+        rows not ``[n, dim]``, a state not of this optimizer's shape; with rules, counters
+        missing or not of the shapes and ranges :meth:`arrays` gives; without rules, rule
+        counters (a table with other rules saved them)."""
+        where = f"table {self.name!r}"
+        want = set(self.array_names())
+        absent = [k for k in self.array_names() if k not in arrays]
+        if absent:
+            raise ValueError(
+                f"{where}: no {', '.join(absent)} (admit_after {self.admit_after}, "
+                f"expire_after {self.expire_after})"
+            )
+        foreign = [k for k in RULE_ARRAYS if k in arrays and k not in want]
+        if foreign:
+            raise ValueError(
+                f"{where}: {', '.join(foreign)}: admission / expiry counters, but this table "
+                "has no admit_after / expire_after rules"
+            )
         ids = np.asarray(arrays["ids"])
         rows = np.asarray(arrays["weight"])
         state = np.asarray(arrays["optimizer_state"])
-        where = f"table {self.name!r}"
         if ids.dtype != np.int64 or ids.ndim != 1 or np.any(np.diff(ids) <= 0):
             raise ValueError(f"{where}: ids must be sorted unique int64 [n]")
         n = len(ids)
@@ -157,75 +340,155 @@ class LazyTable:
                 f"{where}: optimizer_state {state.shape}: expected {(n, *self._state_shape)} "
                 f"({self.optimizer})"
             )
+        if self.rules:
+            self._check_rules(arrays, ids)
+
+    def _check_rules(self, arrays: Mapping[str, np.ndarray], ids: np.ndarray) -> None:
+        where = f"table {self.name!r}"
+        got = {k: np.asarray(arrays[k]) for k in RULE_ARRAYS}
+        for k, a in got.items():
+            if a.dtype != np.int64:
+                raise ValueError(f"{where}: {k} must be int64, got {a.dtype}")
+        step = got["step"]
+        if step.shape != () or int(step) < 0:
+            raise ValueError(f"{where}: step must be an int64 scalar >= 0, got {step}")
+        t = int(step)
+        last = got["last_update"]
+        if last.shape != ids.shape or np.any((last < 0) | (last >= t)):
+            raise ValueError(f"{where}: last_update must be [{len(ids)}] steps in [0, step {t})")
+        counted = got["count_ids"]
+        if counted.ndim != 1 or np.any(np.diff(counted) <= 0):
+            raise ValueError(f"{where}: count_ids must be sorted unique int64 [m]")
+        if len(counted) and _find(ids, counted)[1].any():
+            raise ValueError(f"{where}: count_ids: an id that holds a row has no count")
+        m = len(counted)
+        count, seen = got["count"], got["last_seen"]
+        if count.shape != (m,) or np.any((count < 1) | (count >= self.admit_after)):
+            raise ValueError(
+                f"{where}: count must be [{m}] counts in [1, admit_after {self.admit_after})"
+            )
+        if seen.shape != (m,) or np.any((seen < 0) | (seen >= t)):
+            raise ValueError(f"{where}: last_seen must be [{m}] steps in [0, step {t})")
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Replace the held state by :meth:`arrays`' (after :meth:`check`)."""
         self.check(arrays)
+        n = len(arrays["ids"])
+        last = np.full(n, -1, dtype=np.int64)
+        if self.rules:
+            last = np.array(arrays["last_update"], dtype=np.int64)
+            self._counts.set(
+                np.array(arrays["count_ids"], dtype=np.int64),
+                np.array(arrays["count"], dtype=np.int64),
+                np.array(arrays["last_seen"], dtype=np.int64),
+            )
+            self.step = int(np.asarray(arrays["step"]))
+        self._fresh.clear()
         self._set(
             np.asarray(arrays["ids"], dtype=np.int64).copy(),
             np.array(arrays["weight"], dtype=np.float32),
             np.array(arrays["optimizer_state"], dtype=np.float32),
+            last,
         )
 
-    def update(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        """``contracts.sparse_update`` on the held rows ``ids`` (sorted, unique) with their
-        aggregated gradients, the parameter server's arithmetic."""
-        pos, found = self._where(ids)
-        if not found.all():
-            raise KeyError(f"table {self.name!r}: id {int(ids[~found][0])} was never looked up")
-        slots = self._slots[pos]
-        rows, state = self._rows[slots], self._state[slots]
-        extra = {"eps": self.eps} if self.optimizer == "adagrad" else {}
-        sparse_update(self.optimizer, rows, state, grads, lr, **extra)
-        self._rows[slots], self._state[slots] = rows, state
+
+def _summed(
+    parts: Sequence[tuple[np.ndarray, torch.Tensor | None]], dim: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One step's union of a table's looked-up ids (sorted, unique) and their gradients
+    summed per id over the forwards, in the order they ran; zeros for ids whose rows got no
+    gradient (their step still counts them, as a shard counts every id a step pushes)."""
+    with_grad = [(ids, g.numpy()) for ids, g in parts if g is not None]
+    if len(with_grad) == 1:
+        ids, g = with_grad[0]
+        g = np.ascontiguousarray(g, dtype=np.float32)
+    elif with_grad:
+        ids, inverse = np.unique(np.concatenate([p[0] for p in with_grad]), return_inverse=True)
+        g = np.zeros((len(ids), dim), dtype=np.float32)
+        np.add.at(g, inverse.reshape(-1), np.concatenate([p[1] for p in with_grad]))
+    else:
+        ids, g = np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.float32)
+    if len(with_grad) == len(parts):
+        return ids, g
+    union = np.unique(np.concatenate([p[0] for p in parts]))
+    out = np.zeros((len(union), dim), dtype=np.float32)
+    out[np.searchsorted(union, ids)] = g
+    return union, out
 
 
 class LocalRows:
     """The row source of a collection outside a job: one :class:`LazyTable` per table, and
-    the rows each forward handed out, until :meth:`sparse_step` applies their gradients."""
+    the rows each forward handed out, until :meth:`sparse_step` applies their gradients.
+
+    Steps are counted by :meth:`sparse_step` calls, the first being :meth:`start_at`'s step
+    (default 0); every table steps at each call, one that no forward used included (its
+    expiry runs).  Lookups under ``torch.no_grad()`` never create or count anything.
+
+    Example::
+
+        rows = LocalRows(configs, {c.name: 0 for c in configs})
+        rows.start_at(40)            # a reference resumed at step 40 counts from there
+    """
 
     def __init__(self, tables: Sequence[TableSpec], seeds: Mapping[str, int]) -> None:
         self.specs = {t.name: t for t in tables}
         self.tables = {t.name: LazyTable(t, seeds[t.name]) for t in tables}
         self._handed: list[tuple[str, np.ndarray, torch.Tensor]] = []
+        self._step = 0
+
+    def start_at(self, step: int) -> None:
+        """Number the next :meth:`sparse_step` ``step`` (and the ones after it on), in every
+        table: the step a resumed run continues at."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"LocalRows.start_at: step {step!r}: expected an integer >= 0")
+        self._step = int(step)
+        for table in self.tables.values():
+            table.step = int(step)
+
+    @property
+    def step(self) -> int:
+        """The step the next :meth:`sparse_step` is (the tables with rules carry theirs in
+        their arrays, so a table loaded from a saved run continues at its saved step)."""
+        ruled = {n: t.step for n, t in self.tables.items() if t.rules}
+        if not ruled:
+            return self._step
+        if len(set(ruled.values())) > 1:
+            raise ValueError(
+                "LocalRows: the tables with rules are at different steps ("
+                + ", ".join(f"{n!r}: {s}" for n, s in ruled.items())
+                + "); call start_at(step)"
+            )
+        return next(iter(ruled.values()))
 
     def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
         recording = torch.is_grad_enabled()
-        rows = torch.from_numpy(self.tables[table].get(ids, create=recording))
+        local = self.tables[table]
+        rows = torch.from_numpy(local.get(ids, create=recording and not local.rules))
         if recording:
             rows.requires_grad_(True)
             self._handed.append((table, ids, rows))
         return rows
 
     def zero_grad(self) -> None:
-        """Forget the rows handed out since the last step (their gradients are dropped)."""
+        """Forget the rows handed out since the last step: their gradients are dropped, their
+        ids not counted, and rows created for them not held."""
         self._handed.clear()
+        for table in self.tables.values():
+            table.discard_fresh()
 
     def sparse_step(self, lr: float | None = None) -> dict[str, int]:
-        """Apply each table's optimizer to the rows the forwards since the last step used,
-        with the gradients backward left on them (summed per id over forwards), then forget
-        them.  ``lr``: every table's rate (default: each table's own).  Returns the rows
-        updated per table."""
-        grads: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        """Apply each table's optimizer, under its rules, to the rows the forwards since the
+        last step used, with the gradients backward left on them (summed per id over
+        forwards; zeros where none), then forget them.  ``lr``: every table's rate (default:
+        each table's own).  Returns the rows updated per table."""
+        parts: dict[str, list[tuple[np.ndarray, torch.Tensor | None]]] = {}
         for table, ids, rows in self._handed:
-            if rows.grad is not None:
-                grads.setdefault(table, []).append((ids, rows.grad.numpy()))
+            parts.setdefault(table, []).append((ids, rows.grad))
         self._handed.clear()
-        updated = dict.fromkeys(self.tables, 0)
-        for name, parts in grads.items():
+        updated: dict[str, int] = {}
+        for name, table in self.tables.items():
             spec = self.specs[name]
-            if spec.admit_after > 1 or spec.expire_after > 0:
-                raise ValueError(
-                    f"table {name!r}: admit_after / expire_after are the parameter server's "
-                    "rules; a local EmbeddingBagCollection does not apply them yet"
-                )
-            if len(parts) == 1:
-                ids, g = parts[0]
-                g = np.ascontiguousarray(g, dtype=np.float32)
-            else:
-                ids, inverse = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
-                g = np.zeros((len(ids), spec.embedding_dim), dtype=np.float32)
-                np.add.at(g, inverse.reshape(-1), np.concatenate([p[1] for p in parts]))
-            self.tables[name].update(ids, g, spec.lr if lr is None else lr)
-            updated[name] = len(ids)
+            ids, g = _summed(parts.get(name, []), table.dim)
+            updated[name] = table.commit(ids, g, spec.lr if lr is None else lr)
+        self._step += 1
         return updated

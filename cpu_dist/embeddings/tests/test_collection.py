@@ -277,12 +277,16 @@ def test_errors_name_the_feature_table_and_id():
         EmbeddingBagCollection([])
 
 
-def test_rules_are_refused_by_a_local_step_not_by_building():
+def test_a_local_step_applies_the_tables_rules():
+    """The parameter server's admission, locally (test_rows_rules.py: every rule against the
+    reference's oracle): the row is held and trained from its second step on."""
     ruled = EmbeddingBagConfig(0, 2, "t", feature_names=["a"], admit_after=2)
-    ebc = EmbeddingBagCollection([ruled])  # a job's model builds it: it must not refuse here
-    ebc(KeyedJaggedTensor.from_lengths_sync(["a"], T([1]), T([1]))).values().sum().backward()
-    with pytest.raises(ValueError, match=r"table 't': admit_after / expire_after"):
-        ebc.sparse_step()
+    ebc = EmbeddingBagCollection([ruled])
+    kjt = KeyedJaggedTensor.from_lengths_sync(["a"], T([1]), T([1]))
+    for step in range(2):
+        ebc(kjt).values().sum().backward()
+        assert ebc.sparse_step() == {"t": step}
+        assert len(ebc.table_rows()["t"][0]) == step
 
 
 class TorchRecConfig:
