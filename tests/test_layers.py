@@ -22,7 +22,9 @@ ALLOWED = {
     # TorchRec's API (configs, jagged tensors, collections): torch and common only, so the
     # models, serving and the job can all build on it.
     "embeddings": {"common"},
-    "data": {"common"},
+    # data/features.py: a batch as the KeyedJaggedTensor a model takes (embeddings imports
+    # torch and common only, so data still imports without the native modules)
+    "data": {"embeddings", "common"},
     "models": {"embeddings", "common"},
     "dense": {"common"},
     "sparse": {"common"},
@@ -43,6 +45,9 @@ ALLOWED = {
         "data",
         "common",
     },
+    # the single-process reference: the job's model (train.job_model), its dump
+    # (train.dump) and dense optimizer, trained in one process; nothing imports it back
+    "reference": {"train", "dense", "models", "embeddings", "data", "common"},
     "testing": {"common"},  # support for tests and benchmarks (the network lab)
 }
 TEST_SUPPORT = {"testing"}  # a package's tests (``<package>/tests``) may import these too
