@@ -7,7 +7,7 @@ shares on a background thread.  ``python -m cpu_dist.data.convert`` makes the co
 (``layout.py``); ``tsv_parse.py`` is the one TSV parser of the reader and the converter.
 """
 
-from cpu_dist.data.batch import Batch
+from cpu_dist.data.batch import Bags, Batch
 from cpu_dist.data.criteo import CriteoFormatError, CriteoTSV
 from cpu_dist.data.criteo_bin import CriteoBinary
 from cpu_dist.data.factory import (
@@ -34,6 +34,7 @@ __all__ = [
     "CRITEO_DEFAULT_HASH_SIZE",
     "DEFAULT_CARDINALITIES",
     "KINDS",
+    "Bags",
     "Batch",
     "CriteoBinary",
     "CriteoFormatError",

@@ -24,7 +24,7 @@ import torch
 
 from cpu_dist.common.tables import JobTables
 from cpu_dist.data.batch import Batch
-from cpu_dist.data.keys import TableKeySplit
+from cpu_dist.data.keys import TableKeySplit, fuse_criteo
 from cpu_dist.embeddings import KeyedJaggedTensor
 
 __all__ = ["BatchFeatures", "key_split"]
@@ -61,6 +61,8 @@ class BatchFeatures:
     def __init__(self, tables: JobTables, kind: str, offsets: np.ndarray | None = None) -> None:
         self.tables = tables
         self.split = key_split(tables, kind, offsets)
+        self._kind = kind
+        self._offsets = None if offsets is None else np.asarray(offsets, dtype=np.int64)
         self.names: tuple[str, ...] = tuple(tables.data_features)
         modulo = [0] * len(self.names)
         if not tables.fused:
@@ -68,6 +70,13 @@ class BatchFeatures:
                 for f in t.features:
                     modulo[self.names.index(f)] = int(t.num_embeddings)
         self._modulo = modulo
+
+    def _fuse(self, f: int, ids: np.ndarray) -> np.ndarray:
+        """Feature ``f``'s own ids as the fused table's keys (:mod:`cpu_dist.data.keys`)."""
+        if self._kind == "synthetic":
+            assert self._offsets is not None
+            return ids + self._offsets[f]
+        return fuse_criteo(f, ids)
 
     def ids(self, batch: Batch) -> np.ndarray:
         """Every feature's one-hot ids ``[F, B]`` in its table's key space (feature-major)."""
@@ -107,7 +116,9 @@ class BatchFeatures:
                     weights.append(np.ones(b, dtype=np.float32))
                 continue
             v = np.asarray(bag.values, dtype=np.int64)
-            if self._modulo[f] > 0:
+            if self.split.fused:  # the one fused table: the feature's fused keys
+                v = self._fuse(f, v)
+            elif self._modulo[f] > 0:
                 v = np.remainder(v, np.int64(self._modulo[f]))
             values.append(v)
             lengths.append(np.asarray(bag.lengths, dtype=np.int64))

@@ -297,9 +297,9 @@ class EmbeddingBagCollection(nn.Module):
 
     # The local rows in state_dict(), so that torch.save(model.state_dict()) keeps them:
     # ``embedding_bags.<table>.ids`` / ``.weight`` / ``.optimizer_state`` (TorchRec's prefix;
-    # ids, since a lazy table holds only touched rows).  A source that is not local (a job's
-    # parameter server) holds its rows itself, and nothing is saved here.
-    _ARRAYS = ("ids", "weight", "optimizer_state")
+    # ids, since a lazy table holds only touched rows), and for a table with admission or
+    # expiry its rules' counters (``LazyTable.array_names``).  A source that is not local (a
+    # job's parameter server) holds its rows itself, and nothing is saved here.
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -322,7 +322,7 @@ class EmbeddingBagCollection(nn.Module):
         if isinstance(self._rows, LocalRows):
             loads, refused, incomplete = [], [], False
             for name, table in self._rows.tables.items():
-                keys = {k: f"{mine}{name}.{k}" for k in self._ARRAYS}
+                keys = {k: f"{mine}{name}.{k}" for k in table.array_names()}
                 absent = [full for full in keys.values() if full not in state_dict]
                 if absent:
                     missing_keys.extend(absent)
@@ -340,7 +340,9 @@ class EmbeddingBagCollection(nn.Module):
             if not refused and not (strict and incomplete):
                 for table, arrays in loads:
                     table.load(arrays)
-            known = {f"{mine}{n}.{k}" for n in self._rows.tables for k in self._ARRAYS}
+            known = {
+                f"{mine}{n}.{k}" for n, t in self._rows.tables.items() for k in t.array_names()
+            }
             unexpected_keys.extend(k for k in state_dict if k.startswith(mine) and k not in known)
         rest = {k: v for k, v in state_dict.items() if not k.startswith(mine)}
         super()._load_from_state_dict(

@@ -21,8 +21,7 @@ def share(batch: Batch, rank: int, world: int) -> Batch:
     """Worker ``rank``'s contiguous part of a held-out batch of any size (a last partial batch
     need not divide by W); the parts in rank order are the batch."""
     b = len(batch)
-    s = slice(rank * b // world, (rank + 1) * b // world)
-    return Batch(dense=batch.dense[s], keys=batch.keys[s], labels=batch.labels[s])
+    return batch.rows(rank * b // world, (rank + 1) * b // world)  # bags too
 
 
 def evaluate_model(

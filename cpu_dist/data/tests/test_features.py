@@ -192,11 +192,6 @@ def test_bags_of_a_feature_no_table_serves_are_refused(tmp_path):
         BatchFeatures(cfg.tables, data.kind, data.offsets)(odd)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BatchFeatures feeds a fused job's bags their own ids unfused: they land on other "
-    "features' keys of the one fused table (H5's report)",
-)
 def test_a_fused_jobs_bags_are_fused_keys_of_their_feature(tmp_path):
     """A job file with ``[data] bags`` and no ``[[tables]]`` keeps the one fused table: a
     bag's ids must become its feature's fused keys (``offset[f] + id``), as its one-hot ids
