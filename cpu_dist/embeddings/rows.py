@@ -142,6 +142,9 @@ class LazyTable:
         width = state_floats(self.optimizer, self.dim)
         self._state_shape: tuple[int, ...] = (self.dim,) if width > 1 else ()
         self._counts = _Counts()
+        # What a shard's stats count (``rows_admitted``: rows a commit created under the
+        # rules; ``rows_expired``: rows dropped), for a run to compare with its shards'.
+        self.rows_admitted = self.rows_expired = 0
         self._fresh: list[np.ndarray] = []
         self._set(
             np.zeros(0, dtype=np.int64),
@@ -273,6 +276,7 @@ class LazyTable:
             count[admit] = 0  # an admitted id's count is forgotten: it holds a row now
             self._counts.replace(ids[waiting], count, t)
         new = admitted & ~held
+        self.rows_admitted += int(np.count_nonzero(new))
         if new.any():
             self._insert(
                 ids[new], pos[new], row_init(self.seed, ids[new], self.dim, self.scale, self.name)
@@ -285,9 +289,16 @@ class LazyTable:
                 self._last[self._slots[self._where(done)[0]]] = t
         if self.expire_after > 0:
             horizon = t - self.expire_after
-            self._remove(self._ids[self.last_update <= horizon])
+            dropped = self._ids[self.last_update <= horizon]
+            self.rows_expired += len(dropped)
+            self._remove(dropped)
             self._counts.expire(horizon)
         return len(done)
+
+    @property
+    def pending_counts(self) -> int:
+        """Ids counted towards admission that hold no row yet (a shard's ``pending_counts``)."""
+        return int(np.count_nonzero(self._counts.count > 0))
 
     def array_names(self) -> tuple[str, ...]:
         """The keys of :meth:`arrays` (and what :meth:`load` needs): the rows, and for a

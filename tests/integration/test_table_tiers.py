@@ -17,21 +17,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.tokens import read_token_file, write_token_file
-from cpu_dist.data import make_dataset
+from cpu_dist.data import make_dataset, train_batches
+from cpu_dist.embeddings import collections_of
+from cpu_dist.reference import ReferenceTrainer
 from cpu_dist.sparse import Client
 from cpu_dist.testing.shards import standalone_shards
-from cpu_dist.train import reference as reference_module
 from cpu_dist.train.dump import table_keys_name
-from cpu_dist.train.reference import TableRules
 
-from .launch import SMALL, mpirun, small_reference, train
+from .launch import SMALL, mpirun, reference_config, train
 from .test_equivalence import assert_same_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -144,49 +143,17 @@ def test_a_tiny_byte_budget_over_three_tables_gives_the_bits_of_the_all_dram_job
 # ---- 2. admission and expiry equal the reference --------------------------------------------
 
 
-class CountingRules(TableRules):
-    """The reference's rules, counting what a shard reports: rows a commit creates
-    (``rows_admitted``) and rows dropped (``rows_expired``)."""
-
-    made: ClassVar[list[CountingRules]] = []
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.new_rows = self.dropped = 0
-        CountingRules.made.append(self)
-
-    def admitted(self, step: int, idx: np.ndarray) -> np.ndarray:
-        held_before = self.held[idx]
-        ok = super().admitted(step, idx)
-        self.new_rows += int(np.count_nonzero(ok & ~held_before))
-        return ok
-
-    def expired(self, step: int) -> np.ndarray:
-        drop = super().expired(step)
-        self.dropped += len(drop)
-        return drop
-
-    def pending(self) -> int:
-        return int(np.count_nonzero(~self.held & (self.count > 0)))
-
-
 def rules_reference(optimizer: str, admit: int, expire: int, steps: int = 20):
-    """(the reference's dump, its rules) with the settings of SMALL, as test_equivalence's."""
-    CountingRules.made.clear()
-    mp = pytest.MonkeyPatch()
-    mp.setattr(reference_module, "TableRules", CountingRules)
-    try:
-        want = small_reference(
-            make_dataset("synthetic", seed=0),
-            steps,
-            sparse_optimizer=optimizer,
-            admit_after=admit,
-            expire_after=expire,
-        )
-    finally:
-        mp.undo()
-    (rules,) = CountingRules.made
-    return want, rules
+    """(the reference's dump, its one table: ``LazyTable`` with the shard's counters) with the
+    settings of SMALL, as test_equivalence's."""
+    flags = ["--sparse-optimizer", optimizer, *rules_flags(admit, expire)]
+    trainer = ReferenceTrainer(reference_config(flags), make_dataset("synthetic", seed=0))
+    for step, batch in train_batches(trainer.dataset, trainer.cfg.train.batch_size):
+        if step >= steps:
+            break
+        trainer.step(batch)
+    ((_, ebc),) = collections_of(trainer.model)
+    return trainer.dump(), ebc.row_source.tables[TABLE]
 
 
 def rules_job(runs, optimizer: str, admit: int, expire: int) -> tuple[dict, dict]:
@@ -209,20 +176,19 @@ def rules_job(runs, optimizer: str, admit: int, expire: int) -> tuple[dict, dict
     [("sgd", ADMIT, 0), ("rowwise_adagrad", 0, EXPIRE), ("rowwise_adagrad", ADMIT, EXPIRE)],
 )
 def test_admission_and_expiry_equal_the_reference(runs, optimizer, admit, expire):
-    want, rules = rules_reference(optimizer, admit, expire)
+    want, table = rules_reference(optimizer, admit, expire)
     got, s = rules_job(runs, optimizer, admit, expire)
     assert_same_model(got, want, rtol=1e-5)
-    # The rules did something: rows were kept out or dropped (the reference without rules
-    # holds every key of the 20 steps).
-    assert len(want[KEYS]) < len(rules.count)
+    # The rules did something: rows were dropped, or ids are still waiting for admission
+    assert len(want[KEYS]) == len(table) > 0
     if expire:
-        assert rules.dropped > 0
+        assert table.rows_expired > 0
     if admit:
-        assert rules.pending() > 0
+        assert table.pending_counts > 0
     assert s["ps_rows"] == len(want[KEYS]), s
-    assert s["ps_rows_admitted"] == rules.new_rows, s
-    assert s["ps_rows_expired"] == rules.dropped, s
-    assert s["ps_pending_counts"] == rules.pending(), s
+    assert s["ps_rows_admitted"] == table.rows_admitted, s
+    assert s["ps_rows_expired"] == table.rows_expired, s
+    assert s["ps_pending_counts"] == table.pending_counts, s
 
 
 # ---- 3. a resumed job keeps the rules --------------------------------------------------------
