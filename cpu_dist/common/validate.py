@@ -139,14 +139,13 @@ def _model(a: argparse.Namespace, tables: JobTables | None) -> ModelConfig:
     bot_spec = a.arch_mlp_bot if a.arch_mlp_bot is not None else f"512-256-{dim}"
     bot = mlp_widths(bot_spec, "--arch-mlp-bot")
     top = mlp_widths(a.arch_mlp_top, "--arch-mlp-top")
-    if bot[-1] != dim:
-        width = (
-            f"the tables' dim {dim} (--config {tables.source})"
-            if tables is not None and tables.uniform_dim is not None
-            else f"--embedding-dim {dim}"
-        )
+    if bot[-1] != dim and tables is None and a.model == "dlrm":
+        # The default job's DLRM: a bottom MLP that does not end in --embedding-dim would
+        # project all 26 features to its width, which a typo is likelier to mean than a
+        # choice.  With a job file (or another model) features of another width than the
+        # bottom MLP's end are projected (DLRM's proj.<i>), or the model decides.
         raise ConfigError(
-            f"--arch-mlp-bot {bot_spec} must end with {width} "
+            f"--arch-mlp-bot {bot_spec} must end with --embedding-dim {dim} "
             "(the dot interaction needs equal widths)"
         )
     if top[-1] != 1:
