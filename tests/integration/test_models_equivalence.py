@@ -27,6 +27,7 @@ import pytest
 from cpu_dist.train.dump import table_rows
 from cpu_dist.train.metrics import read_summary
 
+from .job_files import three_tables
 from .launch import SMALL, train
 
 pytestmark = pytest.mark.timeout(900)
@@ -34,38 +35,18 @@ pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, BATCH = 6, 24
 
-FEATURES_TOML = """
-[[tables]]
-name = "narrow"
-dim = 4
-features = ["cat_0", "cat_1", "cat_2", "cat_3", "cat_4", "cat_5", "cat_6", "cat_7", "cat_8"]
-optimizer = "sgd"
-lr = 0.2
-
-[[tables]]
-name = "mid"
-dim = 16
-features = ["cat_9", "cat_10", "cat_11", "cat_12", "cat_13", "cat_14", "cat_15", "cat_16"]
-optimizer = "rowwise_adagrad"
-lr = 0.05
-num_embeddings = 500
-pooling = "mean"
-
-[[tables]]
-name = "wide"
-dim = 64
-features = ["cat_17", "cat_18", "cat_19", "cat_20", "cat_21", "cat_22", "cat_23", "cat_24",
-            "cat_25"]
-optimizer = "adagrad"
-lr = 0.01
-init_scale = 0.05
-eps = 1e-6
-
+TABLE_KEYS = {
+    "narrow": {"lr": 0.2},
+    "mid": {"lr": 0.05, "num_embeddings": 500, "pooling": "mean"},
+    "wide": {"lr": 0.01, "init_scale": 0.05, "eps": 1e-6},
+}
+DATA = """
 [data]
 kind = "synthetic"
 bags = { cat_0 = [0, 4], cat_9 = [1, 6], cat_10 = [0, 3], cat_17 = [2, 5] }
 weights = ["cat_0", "cat_18"]
 """
+FEATURES_TOML = three_tables(**TABLE_KEYS) + DATA
 
 
 def flags(job_file: Path, *extra: str) -> list[str]:
@@ -145,8 +126,13 @@ def test_a_user_model_from_a_file_outside_the_package_equals_the_reference(job_f
     assert_close(got, want, 1e-4, "two_tower W=2 P=2")
 
 
-RULES_TOML = FEATURES_TOML.replace("lr = 0.2\n", "lr = 0.2\nadmit_after = 2\n", 1).replace(
-    "num_embeddings = 500\n", "num_embeddings = 500\nexpire_after = 3\n", 1
+RULES_TOML = (
+    three_tables(
+        narrow={**TABLE_KEYS["narrow"], "admit_after": 2},
+        mid={**TABLE_KEYS["mid"], "expire_after": 3},
+        wide=TABLE_KEYS["wide"],
+    )
+    + DATA
 )
 
 

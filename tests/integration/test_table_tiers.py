@@ -30,6 +30,7 @@ from cpu_dist.sparse import Client
 from cpu_dist.testing.shards import standalone_shards
 from cpu_dist.train.dump import table_keys_name
 
+from .job_files import three_tables
 from .launch import SMALL, mpirun, reference_config, train
 from .test_equivalence import assert_same_model
 
@@ -98,26 +99,7 @@ def test_a_small_dram_tier_with_an_ssd_tier_gives_the_bits_of_the_all_dram_job(
     assert list(ssd.rglob("*")) == []
 
 
-TABLES_TOML = """
-[[tables]]
-name = "narrow"
-dim = 4
-features = ["cat_0", "cat_1", "cat_2", "cat_3", "cat_4", "cat_5", "cat_6", "cat_7", "cat_8"]
-optimizer = "sgd"
-
-[[tables]]
-name = "mid"
-dim = 16
-features = ["cat_9", "cat_10", "cat_11", "cat_12", "cat_13", "cat_14", "cat_15", "cat_16"]
-optimizer = "rowwise_adagrad"
-
-[[tables]]
-name = "wide"
-dim = 64
-features = ["cat_17", "cat_18", "cat_19", "cat_20", "cat_21", "cat_22", "cat_23", "cat_24",
-            "cat_25"]
-optimizer = "adagrad"
-"""
+TABLES_TOML = three_tables()
 MEMORY_BYTES = 20_000  # per shard, over the three tables: a few dozen rows of ~14,000
 
 

@@ -24,6 +24,7 @@ from cpu_dist.reference import train_reference
 from cpu_dist.train.dump import table_rows
 from cpu_dist.train.metrics import read_summary
 
+from .job_files import three_tables
 from .launch import SMALL, train
 
 pytestmark = pytest.mark.timeout(900)
@@ -35,31 +36,11 @@ CRITEO = ["--data", "criteo", "--data-path", str(SAMPLE), "--batch-size", "12", 
 # 26 tables of width 64: the bottom MLP ends at 64 (the interaction's width)
 CRITEO_TABLES = ["--config", str(EXAMPLE), "--arch-mlp-bot", "16-64", *CRITEO]
 
-MIXED_TOML = """
-[[tables]]
-name = "narrow"
-dim = 4
-features = ["cat_0", "cat_1", "cat_2", "cat_3", "cat_4", "cat_5", "cat_6", "cat_7", "cat_8"]
-optimizer = "sgd"
-lr = 0.2
-
-[[tables]]
-name = "mid"
-dim = 16
-features = ["cat_9", "cat_10", "cat_11", "cat_12", "cat_13", "cat_14", "cat_15", "cat_16"]
-optimizer = "rowwise_adagrad"
-lr = 0.05
-num_embeddings = 500
-
-[[tables]]
-name = "wide"
-dim = 64
-features = ["cat_17", "cat_18", "cat_19", "cat_20", "cat_21", "cat_22", "cat_23", "cat_24",
-            "cat_25"]
-optimizer = "adagrad"
-lr = 0.01
-init_scale = 0.05
-"""
+MIXED_TOML = three_tables(
+    narrow={"lr": 0.2},
+    mid={"lr": 0.05, "num_embeddings": 500},
+    wide={"lr": 0.01, "init_scale": 0.05},
+)
 
 
 def _config(flags: list[str], workers: int, shards: int):
