@@ -5,13 +5,18 @@ shards are dumped page by page) or from a checkpoint (``python -m cpu_dist.expor
 CHECKPOINT_DIR --output DIR``: the checkpoint is loaded into a private in-process shard, with
 every check a resume makes, and dumped the same way).  Either way the rows stream through a
 memory map: no message-size limit, and memory of 16 bytes per row besides one page.
+
+The bundle records the model (:mod:`cpu_dist.serving.model_record`): a job's from its Config
+and the model it trained (:func:`export_job`, any model), a checkpoint's from its settings
+(checked by rebuilding it and loading its dense state, :func:`check_model`); a user model's
+source file is copied into the bundle, a module's path recorded, each with its sha256.
 """
 
 from __future__ import annotations
 
 import secrets
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +32,27 @@ from cpu_dist.checkpoint.manifest import (
     shard_load_paths,
     steps_done,
 )
-from cpu_dist.common.config import DataConfig
-from cpu_dist.serving.bundle import (
-    BundleWriter,
-    DataSpec,
-    ModelSpec,
-    TableInfo,
-    check_bundle_output,
-    spec_from_dense_state,
-)
+from cpu_dist.common.tables import CATEGORICAL_FEATURES
+from cpu_dist.embeddings import collections_of
+from cpu_dist.export.client_rows import PAGE_BYTES, table_rows_on_shards, write_bundle
+from cpu_dist.export.job import export_job
+from cpu_dist.export.records import data_spec, settings_model_record
+from cpu_dist.models.factory import ModelError, build_model
+from cpu_dist.serving.bundle import BundleError, DataSpec, ModelSpec, check_bundle_output
+from cpu_dist.serving.model_record import ModelRecord, table_config
+from cpu_dist.serving.rows import BundleRows
 from cpu_dist.sparse import Client, Server
 
-PAGE_BYTES = 48 << 20
-
-
-def table_rows_on_shards(client: Client, name: str) -> int:
-    """Rows of table ``name`` over every shard of the client (Stats' per-table figures; a
-    shard without them, before tables, holds its one table: Health's rows)."""
-    total = 0
-    for stats in client.stats():
-        per_table = {t["name"]: int(t["rows"]) for t in stats.get("tables", [])}
-        total += per_table.get(name, 0) if per_table else int(stats["rows"])
-    return total
+__all__ = [
+    "PAGE_BYTES",
+    "check_model",
+    "data_spec",
+    "export_checkpoint",
+    "export_from_client",
+    "export_job",
+    "manifest_tables",
+    "table_rows_on_shards",
+]
 
 
 def export_from_client(
@@ -61,42 +65,15 @@ def export_from_client(
     data: DataSpec | None = None,
     tables: Sequence[dict[str, Any]] | None = None,
 ) -> int:
-    """Every row of every table the client's shards hold, and ``dense``, as a bundle in
-    ``out`` (a folder per table); the rows.  ``tables``: the job's (checkpoint manifest
-    TABLE_FIELDS dicts, job order, recorded in the bundle's manifest); None: the client's
-    tables (``Client.tables``), named with their dims.  ``out``
-    changes only at the end, from nothing or an earlier bundle to the new bundle."""
+    """A DLRM's bundle (``spec``: its settings, recorded as the built-in ``dlrm``): every row
+    of every table the client's shards hold, and ``dense``, in ``out``; the rows.
+    ``tables``: the job's (checkpoint manifest TABLE_FIELDS dicts, job order); None: the
+    client's tables (``Client.tables``), named with their dims.  A job exports any model with
+    :func:`export_job`; this stays for tools that export shards of the default DLRM."""
     if tables is None:  # the client's tables, with what the spec says of the first
         tables = [{"name": name, "dim": dim} for name, dim in client.tables]
         tables[0].update(seed=spec.seed, init_scale=spec.init_scale)
-    infos = [
-        TableInfo(
-            str(t["name"]), int(t["dim"]), table_rows_on_shards(client, str(t["name"])), dict(t)
-        )
-        for t in tables
-    ]
-    writer = BundleWriter(out, infos, flag)
-    try:
-        for t in infos:
-            for keys, values, _state in client.dump_pages(table=t.name, max_bytes=PAGE_BYTES):
-                writer.add(t.name, keys, values)
-        writer.finish(spec, dense, steps, data)
-    except BaseException:
-        writer.abort()
-        raise
-    return sum(t.rows for t in infos)
-
-
-def data_spec(settings: dict[str, Any]) -> DataSpec:
-    """The data settings of a job's ``Config.settings()`` (a checkpoint records them all)."""
-    sizes = settings.get("data.num_embeddings_per_feature")
-    return DataSpec(
-        kind=str(settings["data.kind"]),
-        max_ind_range=settings.get("data.max_ind_range"),
-        num_embeddings_per_feature=None if sizes is None else tuple(int(n) for n in sizes),
-        zipf_exponent=float(settings.get("data.zipf_exponent", DataConfig.zipf_exponent)),
-        batch_size=int(settings["train.batch_size"]),
-    )
+    return write_bundle(client, tables, spec, dense, steps, out, flag, data)
 
 
 def _checkpoint(path: Path) -> Manifest:
@@ -150,18 +127,49 @@ def export_checkpoint(
 
 
 def manifest_tables(m: Manifest) -> list[dict[str, Any]]:
-    """The checkpoint's tables (manifest TABLE_FIELDS dicts); a version 1 or 2 checkpoint's
-    one table from its settings."""
+    """The checkpoint's tables (manifest TABLE_FIELDS dicts, with each table's ``lr`` and
+    ``pooling`` from its settings' ``tables.tables`` where recorded); a version 1 or 2
+    checkpoint's one table from its settings."""
     if m.tables:
-        return [dict(t) for t in m.tables]
+        settings = {t.get("name"): t for t in m.config.get("tables.tables", ()) or ()}
+        out = []
+        for t in m.tables:
+            extra = settings.get(t["name"], {})
+            out.append({**{k: extra[k] for k in ("lr", "pooling") if k in extra}, **dict(t)})
+        return out
     return [
         {
             "name": m.table,
             "dim": m.dim,
             "seed": int(m.config["train.seed"]),
             "init_scale": float(m.config["model.init_scale"]),
+            "features": list(CATEGORICAL_FEATURES),  # the default job's fused table
         }
     ]
+
+
+def check_model(
+    record: ModelRecord, tables: Sequence[Mapping[str, Any]], dense: dict[str, torch.Tensor]
+) -> None:
+    """Build the model ``record`` names around ``tables`` and load ``dense`` into it, as
+    serving will: a checkpoint whose model cannot be rebuilt here (a user model's file moved,
+    another version of its code, dense weights of another shape) is refused before the bundle
+    is written, with the factory's or torch's message."""
+    where = f"model {record.name!r}"
+    configs = [table_config(t, where) for t in tables]
+    try:
+        model = build_model(
+            record.name, configs, record.dense_features, record.args, seed=record.seed
+        )
+        if record.dtype == "float64":
+            model.to(torch.float64)
+        for _, ebc in collections_of(model):
+            ebc.set_row_source(BundleRows({}))  # the rows are not in the dense state
+        model.load_state_dict(dense)
+    except ModelError as exc:
+        raise BundleError(f"the checkpoint's model cannot be rebuilt: {exc}") from None
+    except RuntimeError as exc:
+        raise BundleError(f"the checkpoint's dense state does not fit its {where}: {exc}") from None
 
 
 def _export_loaded(m: Manifest, files: Path, out: Path, timeout_s: float) -> int:
@@ -170,16 +178,8 @@ def _export_loaded(m: Manifest, files: Path, out: Path, timeout_s: float) -> int
     state = torch.load(m.path / DENSE, map_location="cpu", weights_only=True)
     dense = state["model"]
     tables = manifest_tables(m)
-    spec = spec_from_dense_state(
-        dense,
-        dim=int(settings.get("model.embedding_dim", m.dim)),
-        bot_mlp=tuple(settings["model.bot_mlp"]),
-        top_mlp=tuple(settings["model.top_mlp"]),
-        dtype=settings["model.dtype"],
-        seed=int(settings["train.seed"]),
-        init_scale=float(settings["model.init_scale"]),
-        table=m.table,
-    )
+    record = settings_model_record(settings, tables)
+    check_model(record, tables, dense)
     data = data_spec(settings)
     token = secrets.token_hex(16)
     if m.tables:
@@ -189,8 +189,8 @@ def _export_loaded(m: Manifest, files: Path, out: Path, timeout_s: float) -> int
         server = Server(
             m.dim,
             token,
-            init_scale=spec.init_scale,
-            seed=spec.seed,
+            init_scale=float(tables[0]["init_scale"]),
+            seed=int(tables[0]["seed"]),
             table=m.table,
             checkpoint_dir=str(files),
         )
@@ -208,8 +208,8 @@ def _export_loaded(m: Manifest, files: Path, out: Path, timeout_s: float) -> int
             [e.crc32 for e in m.shards],
             timeout_s=timeout_s,
         )
-        rows = export_from_client(
-            client, dense, spec, steps_done(m.step), out, "--output", data, tables
+        rows = write_bundle(
+            client, tables, record, dense, steps_done(m.step), out, "--output", data
         )
         client.close()
     finally:

@@ -1,20 +1,26 @@
 """The export bundle: a trained model that a plain Python process can score with, without MPI,
 a parameter server or the native module.
 
-    DIR/manifest.json   written last: format, version, the model settings (dims, MLP widths,
-                        dtype, numbers of dense and sparse features), seed and init scale (so a
-                        key the table never held scores with its first-touch row), the data
-                        settings that made its keys (kind, --max-ind-range,
-                        --num-embeddings-per-feature, --zipf-exponent) and the job's batch
-                        size, the steps done (``steps``; version 1 wrote the last step,
-                        ``step``), every table (``tables``: its spec, features and rows;
+    DIR/manifest.json   written last: format, version, the model (``model``: a
+                        :class:`~cpu_dist.serving.model_record.ModelRecord`: its spec, factory
+                        arguments, dense features, dtype, seed, how the data's features become
+                        its features, and a user model's source with its sha256; version 4),
+                        the data settings that made its keys (kind, --max-ind-range,
+                        --num-embeddings-per-feature, --zipf-exponent, the multi-hot bags and
+                        weights) and the job's batch size, the steps done (``steps``; version
+                        1 wrote the last step, ``step``), every table (``tables``: its
+                        ``EmbeddingBagConfig`` as ``model_record.table_record``, and its rows;
                         version 3), and every file's size and crc32
-    DIR/dense.pt        the dense parameters, a torch state dict (``bot.*``, ``top.*``)
+    DIR/dense.pt        the dense parameters, a torch state dict (the model's ``state_dict()``
+                        without rows: its collections' rows are the tables below)
+    DIR/model/<file>.py a ``path/file.py:FUNC`` model's source, copied (version 4)
     DIR/tables/<name>/keys.npy   int64 [n], sorted ascending, memory-mappable (version 3: a
                         folder per table; versions 1 and 2: DIR/keys.npy, the one table's)
     DIR/tables/<name>/rows.npy   float32 [n, dim of the table], row i belongs to keys[i]
 
-The writer (``cpu_dist.export``) and the reader (``cpu_dist.serving``) share this module.
+Versions 1 to 3 recorded a DLRM's settings (:class:`ModelSpec`) instead of a model: they are
+read as the built-in ``dlrm`` (``model_record.legacy_record``).  The writer
+(``cpu_dist.export``) and the reader (``cpu_dist.serving``) share this module.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.files import (
     EXPORT_FORMAT,
     atomic_write,
@@ -40,12 +46,20 @@ from cpu_dist.common.files import (
     replace_dir,
     temp_sibling,
 )
+from cpu_dist.common.tables import categorical_names
 from cpu_dist.serving.errors import BundleError
+from cpu_dist.serving.model_record import (
+    MODEL_DIR,
+    ModelRecord,
+    file_sha256,
+    legacy_record,
+)
 
-# Version 2 adds "data", version 3 a folder per table ("tables"); versions 1 and 2 (one table,
-# keys.npy and rows.npy beside the manifest) are still read.
-FORMAT, VERSION = EXPORT_FORMAT, 3
-READABLE_VERSIONS = (1, 2, 3)
+# Version 2 adds "data", version 3 a folder per table ("tables"), version 4 the model record
+# ("model": any model, a user model's source copied or named); versions 1 to 3 (a DLRM's
+# settings; 1 and 2: one table, keys.npy and rows.npy beside the manifest) are still read.
+FORMAT, VERSION = EXPORT_FORMAT, 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST, DENSE, KEYS, ROWS = "manifest.json", "dense.pt", "keys.npy", "rows.npy"
 TABLES_DIR = "tables"
 
@@ -63,7 +77,8 @@ def check_table_name(name: str) -> None:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What it takes to rebuild the model around the rows."""
+    """A DLRM's settings: the model record of versions 1 to 3, and what
+    ``export.export_from_client`` still takes (written as ``model_record.legacy_record``)."""
 
     dim: int
     num_dense: int
@@ -86,28 +101,15 @@ class DataSpec:
     num_embeddings_per_feature: tuple[int, ...] | None
     zipf_exponent: float
     batch_size: int
+    # The multi-hot features ((feature, min, max) sorted) and the weighted ones (version 4;
+    # DataConfig.bags / weights): serving's batches must have the job's bags.
+    bags: tuple[tuple[str, int, int], ...] = ()
+    weights: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
         """A TSV file and its conversion give the same batches: one kind of data."""
         return "synthetic" if self.kind == "synthetic" else "criteo"
-
-
-def spec_from_dense_state(state: dict[str, torch.Tensor], **settings: Any) -> ModelSpec:
-    """The feature counts follow from the dense weights: the bottom MLP's input width is the
-    number of dense features, and the top MLP's input is dim + F(F+1)/2 for F sparse ones."""
-    dim = int(settings["dim"])
-    num_dense = int(state["bot.0.weight"].shape[1])
-    pairs = int(state["top.0.weight"].shape[1]) - dim
-    num_sparse = int((-1 + (1 + 8 * pairs) ** 0.5) / 2)
-    if num_sparse * (num_sparse + 1) // 2 != pairs:
-        raise BundleError(f"top MLP input {pairs + dim} does not fit dim {dim}")
-    return ModelSpec(
-        dim=dim,
-        num_dense=num_dense,
-        num_sparse=num_sparse,
-        **{k: v for k, v in settings.items() if k != "dim"},
-    )
 
 
 def check_bundle_output(out: str | os.PathLike, flag: str) -> None:
@@ -202,19 +204,36 @@ class BundleWriter:
 
     def finish(
         self,
-        spec: ModelSpec,
+        model: ModelRecord | ModelSpec,
         dense: dict[str, torch.Tensor],
         steps: int,
         data: DataSpec | None = None,
     ) -> None:
-        """``steps``: the steps the model has trained (``checkpoint.steps_done``), the number
-        checkpoints are named by too."""
+        """``model``: the model's record (a :class:`ModelSpec`: a DLRM's, recorded as
+        ``legacy_record``); a file spec's source is copied from its ``origin`` into
+        ``model/``, and refused if it no longer hashes as recorded.  ``steps``: the steps the
+        model has trained (``checkpoint.steps_done``), the number checkpoints are named by
+        too."""
+        if isinstance(model, ModelSpec):
+            infos = legacy_tables(model, list(self.tables.values()))
+            self.tables = {t.name: t for t in infos}
+            model = legacy_record(
+                bot_mlp=model.bot_mlp,
+                top_mlp=model.top_mlp,
+                num_dense=model.num_dense,
+                num_sparse=model.num_sparse,
+                dtype=model.dtype,
+                seed=model.seed,
+                tables=[{**t.record, "name": t.name} for t in infos],
+            )
+        names = [DENSE]
+        if model.source is not None and model.source.kind == "file":
+            names.append(self._copy_source(model))
         for t in self.tables.values():
             self._sort_table(t)
         buf = io.BytesIO()
         torch.save(dense, buf)
         atomic_write(self.out / DENSE, lambda f: f.write(buf.getbuffer()))
-        names = [DENSE]
         for t in self.tables.values():
             names += [f"{table_dir(t.name)}/{KEYS}", f"{table_dir(t.name)}/{ROWS}"]
         files = {}
@@ -226,7 +245,7 @@ class BundleWriter:
             "version": VERSION,
             "steps": steps,
             "rows": sum(t.rows for t in self.tables.values()),
-            "model": {**dataclasses.asdict(spec)},
+            "model": model.to_json(),
             "data": None if data is None else dataclasses.asdict(data),
             "tables": [
                 {**t.record, "name": t.name, "dim": t.dim, "rows": t.rows}
@@ -241,6 +260,29 @@ class BundleWriter:
         except ValueError as exc:
             raise BundleError(str(exc)) from None
 
+    def _copy_source(self, model: ModelRecord) -> str:
+        """Copies a file spec's source into the bundle (``model.source.path``); the copy must
+        hash as recorded (the file the job trained with).  Returns its bundle path."""
+        src = model.source
+        assert src is not None and src.origin is not None
+        if not src.path.startswith(f"{MODEL_DIR}/") or ".." in src.path.split("/"):
+            raise BundleError(f"model {model.name!r}: source path {src.path!r} is not model/FILE")
+        copy = self.out / src.path
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(src.origin, copy)
+        except OSError as exc:
+            raise BundleError(
+                f"model {model.name!r}: cannot copy its source {src.origin}: {exc}"
+            ) from None
+        got = file_sha256(copy)
+        if got != src.sha256:
+            raise BundleError(
+                f"model {model.name!r}: {src.origin} has sha256 {got} now, but the job's model "
+                f"was built from sha256 {src.sha256}: the file changed during the job"
+            )
+        return src.path
+
 
 @dataclass
 class BundleTable:
@@ -252,24 +294,22 @@ class BundleTable:
 @dataclass
 class Bundle:
     path: Path
-    spec: ModelSpec
+    model: ModelRecord
     data: DataSpec | None  # None: a version 1 bundle, which did not record it
     steps: int  # steps trained (a version 1 bundle's last step + 1)
     dense: dict[str, torch.Tensor]
     tables: dict[str, BundleTable]  # in the job's order
+    version: int = VERSION
 
     def only_table(self) -> BundleTable:
-        """The one table of a default job's bundle (the fused table ``spec.table``), which
-        is what the serving model scores with; a bundle of several tables, or of another
-        one, is refused naming them (a model over named tables comes with the models
-        issue)."""
-        if list(self.tables) != [self.spec.table] or self.spec.table != TABLE:
+        """The one table of a one-table bundle (the default job's ``embedding``); a bundle
+        of several tables is refused naming them."""
+        if len(self.tables) != 1:
             raise BundleError(
-                f"bundle {self.path}: holds tables {', '.join(map(repr, self.tables))}; "
-                f"serving scores the default job's one table {TABLE!r} (a model over named "
-                "tables, with its features' own keys, comes with the models issue)"
+                f"bundle {self.path}: holds tables {', '.join(map(repr, self.tables))}, not one "
+                "(read bundle.tables[NAME])"
             )
-        return self.tables[self.spec.table]
+        return next(iter(self.tables.values()))
 
     @property
     def keys(self) -> np.ndarray:
@@ -280,10 +320,7 @@ class Bundle:
         return self.only_table().rows
 
 
-def open_bundle(path: str | Path, check: bool = True) -> Bundle:
-    """Reads the manifest and the dense state, maps every table's rows; ``check`` verifies
-    every file's size and crc32 first."""
-    path = Path(path)
+def _read_manifest(path: Path) -> dict[str, Any]:
     try:
         m = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -296,6 +333,10 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
             f"{', '.join(map(str, READABLE_VERSIONS))} (format {m.get('format')!r}, version "
             f"{m.get('version')!r})"
         )
+    return m
+
+
+def _check_files(path: Path, m: dict[str, Any], check: bool) -> None:
     for name, entry in m["files"].items():
         if name.startswith("/") or ".." in name.split("/"):
             raise BundleError(f"bundle {path / MANIFEST}: file name {name!r}")
@@ -307,19 +348,60 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
                     f"crc32 {crc:08x}; the manifest says {entry['bytes']}, "
                     f"{entry['crc32']:08x})"
                 )
-    model = dict(m["model"])
-    spec = ModelSpec(
-        **{**model, "bot_mlp": tuple(model["bot_mlp"]), "top_mlp": tuple(model["top_mlp"])}
-    )
-    dense = torch.load(path / DENSE, map_location="cpu", weights_only=True)
+
+
+def legacy_tables(spec: ModelSpec, tables: list[TableInfo]) -> list[TableInfo]:
+    """The tables of a DLRM's settings (a version 1 to 3 bundle, ``export_from_client``'s
+    ``ModelSpec``), each record completed with what the settings say (the seed, the init
+    scale, and a lone table's features: the default job's) where it lacks them."""
+    out = []
+    for t in tables:
+        record = {"seed": spec.seed, "init_scale": spec.init_scale, **t.record}
+        if "features" not in record and len(tables) == 1:
+            record["features"] = list(categorical_names(spec.num_sparse))
+        out.append(dataclasses.replace(t, record=record))
+    return out
+
+
+def _legacy_tables(m: dict[str, Any], spec: ModelSpec) -> list[TableInfo]:
+    """The tables of a version 1 to 3 manifest (:func:`legacy_tables`)."""
     if m["version"] >= 3:
+        raw = [dict(t) for t in m["tables"]]
+    else:  # one table, its arrays beside the manifest
+        raw = [{"name": spec.table, "dim": spec.dim, "rows": int(m["rows"])}]
+    infos = [TableInfo(str(t["name"]), int(t["dim"]), int(t["rows"]), t) for t in raw]
+    return legacy_tables(spec, infos)
+
+
+def open_bundle(path: str | Path, check: bool = True) -> Bundle:
+    """Reads the manifest and the dense state, maps every table's rows; ``check`` verifies
+    every file's size and crc32 first."""
+    path = Path(path)
+    m = _read_manifest(path)
+    _check_files(path, m, check)
+    where = f"bundle {path / MANIFEST}"
+    if m["version"] >= 4:
+        model = ModelRecord.from_json(m["model"], where)
         infos = [
             TableInfo(str(t["name"]), int(t["dim"]), int(t["rows"]), dict(t)) for t in m["tables"]
         ]
-        folders = {t.name: path / table_dir(t.name) for t in infos}
-    else:  # one table, its arrays beside the manifest
-        infos = [TableInfo(spec.table, spec.dim, int(m["rows"]))]
-        folders = {spec.table: path}
+    else:
+        raw = dict(m["model"])
+        spec = ModelSpec(
+            **{**raw, "bot_mlp": tuple(raw["bot_mlp"]), "top_mlp": tuple(raw["top_mlp"])}
+        )
+        infos = _legacy_tables(m, spec)
+        model = legacy_record(
+            bot_mlp=spec.bot_mlp,
+            top_mlp=spec.top_mlp,
+            num_dense=spec.num_dense,
+            num_sparse=spec.num_sparse,
+            dtype=spec.dtype,
+            seed=spec.seed,
+            tables=[t.record for t in infos],
+        )
+    folders = {t.name: path / table_dir(t.name) if m["version"] >= 3 else path for t in infos}
+    dense = torch.load(path / DENSE, map_location="cpu", weights_only=True)
     tables = {}
     for t in infos:
         check_table_name(t.name)
@@ -336,7 +418,12 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
     if d is not None:
         sizes = d.get("num_embeddings_per_feature")
         data = DataSpec(
-            **{**d, "num_embeddings_per_feature": None if sizes is None else tuple(sizes)}
+            **{
+                **d,
+                "num_embeddings_per_feature": None if sizes is None else tuple(sizes),
+                "bags": tuple((str(f), int(lo), int(hi)) for f, lo, hi in d.get("bags", ())),
+                "weights": tuple(str(f) for f in d.get("weights", ())),
+            }
         )
     steps = int(m["steps"]) if "steps" in m else int(m["step"]) + 1  # version 1: the last step
-    return Bundle(path, spec, data, steps, dense, tables)
+    return Bundle(path, model, data, steps, dense, tables, int(m["version"]))

@@ -1,6 +1,8 @@
 """Export for serving: a job's --export bundle scores, in a plain process without MPI or a PS,
-exactly what the job's final evaluation scored; the bundle exported from the job's last
-checkpoint is the same bundle; a damaged bundle is refused naming the file."""
+exactly what the job's final evaluation scored, from the CLI and from
+``cpu_dist.serving.load`` (the default DLRM, a DLRM over three tables, dcnv2 over multi-hot
+weighted features); the bundle exported from the job's last checkpoint is the same bundle; a
+damaged bundle is refused naming the file."""
 
 from __future__ import annotations
 
@@ -10,8 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from cpu_dist.common.config import DataConfig
+from cpu_dist.data import dataset_for, eval_batches
+from cpu_dist.data.features import BatchFeatures
+from cpu_dist.models.scoring import evaluate
+from cpu_dist.serving import load
 from cpu_dist.serving.bundle import open_bundle
+from cpu_dist.serving.loader import bundle_job_tables
 from cpu_dist.train.dump import table_rows
 
 from .launch import SMALL, mpirun, run_module
@@ -73,7 +82,8 @@ def test_the_checkpoint_exports_the_same_bundle(job):
     proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = open_bundle(bundle), open_bundle(again)
-    assert a.spec == b.spec and a.steps == b.steps == 20
+    assert a.model == b.model and a.steps == b.steps == 20
+    assert (a.model.name, a.model.fused) == ("dlrm", True)
     assert a.data == b.data and a.data is not None
     assert (a.data.kind, a.data.batch_size, a.data.max_ind_range) == ("synthetic", 96, None)
     np.testing.assert_array_equal(a.keys, b.keys)
@@ -145,6 +155,7 @@ def tables_job(tmp_path_factory):
     job = tmp / "job.toml"
     job.write_text(TABLES_TOML)
     bundle, ckpt, dump = tmp / "bundle", tmp / "ckpt", tmp / "state.npz"
+    metrics = tmp / "m.jsonl"
     proc = mpirun(
         4,
         [
@@ -155,6 +166,10 @@ def tables_job(tmp_path_factory):
             str(job),
             "--max_step",
             "6",
+            "--eval-batches",
+            "3",
+            "--metrics-out",
+            str(metrics),
             "--export",
             str(bundle),
             "--dump-state",
@@ -168,11 +183,44 @@ def tables_job(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(dump) as z:
         state = {k: z[k] for k in z.files}
-    return tmp, bundle, ckpt, table_rows(state)
+    return tmp, bundle, ckpt, table_rows(state), final_eval(metrics)
+
+
+def final_eval(metrics: Path) -> dict:
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    return [x for x in lines if "eval_auc" in x][-1]
+
+
+def load_auc(bundle: Path, batches: int) -> float:
+    """The eval AUC of ``cpu_dist.serving.load``'s module on the bundle's data, its batches
+    made by ``BatchFeatures`` with the bundle's tables (what a user's own service does)."""
+    b = open_bundle(bundle)
+    model = load(bundle)
+    assert b.data is not None and b.data.kind == "synthetic"
+    data = DataConfig(zipf_exponent=b.data.zipf_exponent, bags=b.data.bags, weights=b.data.weights)
+    dataset = dataset_for(data, b.model.seed)
+    features = BatchFeatures(bundle_job_tables(b), dataset.kind, dataset.offsets)
+    scores, labels = [], []
+    with torch.no_grad():
+        for batch in eval_batches(dataset, b.data.batch_size, batches):
+            scores.append(model(torch.from_numpy(batch.dense), features(batch)).double().numpy())
+            labels.append(batch.labels)
+    return evaluate(np.concatenate(scores), np.concatenate(labels))["auc"]
+
+
+def cli_eval(bundle: Path, *argv: str) -> dict:
+    proc = run_module("cpu_dist.serving", str(bundle), *argv)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_bundle_scores_what_the_job_scored_from_load(job):
+    _, bundle, _, final = job
+    assert load_auc(bundle, 3) == pytest.approx(final["eval_auc"], abs=1e-4)
 
 
 def test_a_job_of_several_tables_exports_every_tables_rows(tables_job):
-    _, bundle, _, want = tables_job
+    _, bundle, _, want, final = tables_job
     b = open_bundle(bundle)
     assert list(b.tables) == ["narrow", "mid", "wide"]  # the job's order
     assert b.steps == 6
@@ -183,14 +231,14 @@ def test_a_job_of_several_tables_exports_every_tables_rows(tables_job):
         np.testing.assert_array_equal(t.rows, values, err_msg=name)
         assert t.info.dim == values.shape[1] and t.info.rows == len(keys)
     assert b.tables["mid"].keys.max() < 500  # num_embeddings folded the ids
-    # serving scores the default job's one table only: a clear refusal naming the tables
-    proc = run_module("cpu_dist.serving", str(bundle), "--eval-batches", "1")
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "holds tables 'narrow', 'mid', 'wide'" in proc.stderr, proc.stderr[-3000:]
+    # the DLRM over the three tables scores what the job scored
+    got = cli_eval(bundle, "--eval-batches", "3")
+    assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-4)
+    assert load_auc(bundle, 3) == pytest.approx(final["eval_auc"], abs=1e-4)
 
 
 def test_the_checkpoint_of_several_tables_exports_the_same_rows(tables_job):
-    tmp, bundle, ckpt, _ = tables_job
+    tmp, bundle, ckpt, _, _ = tables_job
     again = tmp / "from-checkpoint"
     proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -205,7 +253,7 @@ def test_the_checkpoint_of_several_tables_exports_the_same_rows(tables_job):
 
 
 def test_a_job_and_its_checkpoint_export_the_same_table_specs(tables_job):
-    tmp, bundle, _, _ = tables_job
+    tmp, bundle, _, _, _ = tables_job
     a = open_bundle(bundle)
     rec = {n: t.info.record for n, t in a.tables.items()}
     # each table's record names what makes its rows: its spec and the features it serves
@@ -217,8 +265,71 @@ def test_a_job_and_its_checkpoint_export_the_same_table_specs(tables_job):
     proc = run_module("cpu_dist.export", str(tmp / "ckpt"), "--output", str(again))
     assert proc.returncode == 0, proc.stderr[-3000:]
     b = open_bundle(again)
-    assert a.spec == b.spec
+    assert a.model == b.model
     for name, t in a.tables.items():
         assert {k: t.info.record.get(k) for k in SPEC_FIELDS} == {
             k: b.tables[name].info.record.get(k) for k in SPEC_FIELDS
         }, name
+
+
+# dcnv2 over tables of two widths, multi-hot (mean and sum, empty bags) and weighted features.
+DCN_TOML = """
+[model]
+name = "dcnv2"
+num_layers = 2
+low_rank_dim = 8
+
+[data]
+bags = { cat_0 = [0, 3], cat_20 = [1, 4] }
+weights = ["cat_1", "cat_20"]
+
+[[tables]]
+name = "low"
+dim = 4
+features = ["cat_0", "cat_1", "cat_2", "cat_3", "cat_4", "cat_5", "cat_6", "cat_7", "cat_8",
+            "cat_9", "cat_10", "cat_11", "cat_12"]
+pooling = "mean"
+
+[[tables]]
+name = "high"
+dim = 8
+features = ["cat_13", "cat_14", "cat_15", "cat_16", "cat_17", "cat_18", "cat_19", "cat_20",
+            "cat_21", "cat_22", "cat_23", "cat_24", "cat_25"]
+num_embeddings = 2000
+optimizer = "rowwise_adagrad"
+"""
+
+
+def test_a_dcnv2_bundle_scores_what_the_job_scored(tmp_path):
+    job = tmp_path / "dcn.toml"
+    job.write_text(DCN_TOML)
+    bundle, metrics = tmp_path / "bundle", tmp_path / "m.jsonl"
+    proc = mpirun(
+        4,
+        [
+            "--worker-num",
+            "2",
+            *SMALL,
+            "--config",
+            str(job),
+            "--max_step",
+            "8",
+            "--eval-batches",
+            "3",
+            "--export",
+            str(bundle),
+            "--metrics-out",
+            str(metrics),
+        ],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = final_eval(metrics)
+    b = open_bundle(bundle)
+    assert b.model.name == "dcnv2" and b.model.args["low_rank_dim"] == 8
+    assert b.data is not None and b.data.bags == (("cat_0", 0, 3), ("cat_20", 1, 4))
+    assert [t.info.record["pooling"] for t in b.tables.values()] == ["mean", "sum"]
+    scores = tmp_path / "scores.txt"
+    got = cli_eval(bundle, "--eval-batches", "3", "--scores-out", str(scores))
+    assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-4)
+    assert len(scores.read_text().splitlines()) == got["eval_samples"] == 3 * 96
+    assert load_auc(bundle, 3) == pytest.approx(final["eval_auc"], abs=1e-4)

@@ -1,6 +1,7 @@
 """``python -m cpu_dist.export`` of a checkpoint of several tables: a folder per table in the
-bundle, each with exactly the rows the shards held (dump compare), the tables' specs in its
-manifest; the bundle opens, and serving's one-table view refuses it naming the tables."""
+bundle, each with exactly the rows the shards held (dump compare), the tables' specs and the
+model (from the checkpoint's settings) in its manifest; the bundle opens, its one-table view
+refuses it naming the tables, and ``cpu_dist.serving.load`` rebuilds its DLRM."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ import torch
 
 from cpu_dist.checkpoint.dense_state import save_dense
 from cpu_dist.checkpoint.manifest import FileEntry, Manifest, step_dir_name, steps_done
+from cpu_dist.common.contracts import row_init
+from cpu_dist.embeddings import KeyedJaggedTensor
 from cpu_dist.export.__main__ import main
+from cpu_dist.models.factory import build_model
+from cpu_dist.serving import load
 from cpu_dist.serving.bundle import BundleError, open_bundle
+from cpu_dist.serving.model_record import table_config
+from cpu_dist.serving.rows import BundleRows
 from cpu_dist.sparse import Client, Server
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,13 +41,13 @@ SETTINGS = {
 }
 
 
-class TwoFeatureDLRM(torch.nn.Module):
-    """The dense weights' shapes a DLRM of 2 sparse features of width 8 has."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bot = torch.nn.Sequential(torch.nn.Linear(13, 8))
-        self.top = torch.nn.Sequential(torch.nn.Linear(8 + 3, 1))
+def two_feature_dlrm() -> torch.nn.Module:
+    """The job's DLRM over the two tables, its collection distributed as in a job (so its
+    dense state holds no rows)."""
+    tables = [table_config({**t, "features": [f"cat_{i}"]}, "test") for i, t in enumerate(SPECS)]
+    model = build_model("dlrm", tables, 13, {"bot_mlp": [8], "top_mlp": [1]}, seed=3)
+    model.embedding.set_row_source(BundleRows({}))
+    return model
 
 
 def test_a_checkpoint_of_several_tables_exports_a_folder_per_table(tmp_path):
@@ -73,7 +80,7 @@ def test_a_checkpoint_of_several_tables_exports_a_folder_per_table(tmp_path):
     finally:
         for s in servers:
             s.stop(2.0)
-    model = TwoFeatureDLRM()
+    model = two_feature_dlrm()
     dense = save_dense(step_dir / "dense.pt", model, {}, 6)
     tables = [{**t, "features": [f"cat_{i}"]} for i, t in enumerate(SPECS)]
     Manifest(
@@ -104,3 +111,20 @@ def test_a_checkpoint_of_several_tables_exports_a_folder_per_table(tmp_path):
         assert got.rows.shape == (len(keys), t["dim"])
     with pytest.raises(BundleError, match="holds tables 'ads', 'user'"):
         b.only_table()
+    assert (b.model.name, b.model.args) == ("dlrm", {"bot_mlp": [8], "top_mlp": [1]})
+    assert not b.model.fused and b.model.dense_features == 13 and b.model.seed == 3
+    served = load(out)  # the DLRM over both tables, the shards' rows as its row source
+    ads_keys, ads_rows, _ = want["ads"]
+    order = np.argsort(ads_keys)
+    unseen = np.int64(-7)
+    ids = np.sort(np.append(ads_keys[order[:3]], unseen))
+    looked = served.embedding.row_source.lookup("ads", ids).numpy()
+    np.testing.assert_array_equal(looked[1:], ads_rows[order[:3]])
+    np.testing.assert_array_equal(looked[0], row_init(3, [unseen], 8, 0.5, "ads")[0])
+    for name, value in served.state_dict().items():
+        torch.testing.assert_close(value, b.dense[name], rtol=0, atol=0)
+    kjt = KeyedJaggedTensor(
+        ["cat_0", "cat_1"], torch.tensor([ads_keys[0], 5, 6, 9]), lengths=torch.ones(4).long()
+    )
+    with torch.no_grad():
+        assert served(torch.zeros(2, 13), kjt).shape == (2,)

@@ -1,8 +1,10 @@
-"""The bundle records the data settings that made its keys; version 1 bundles (without them)
-still open, unknown versions are refused naming the file."""
+"""The bundle records the data settings that made its keys; bundles of older versions (a
+DLRM's settings instead of a model record; version 1 without data settings) still open,
+unknown versions are refused naming the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -33,6 +35,7 @@ def write(tmp_path, data=DATA):
 def test_the_data_settings_travel_with_the_bundle(tmp_path):
     b = open_bundle(write(tmp_path))
     assert b.data == DATA and b.data.family == "criteo" and b.steps == 7
+    assert b.model.name == "dlrm" and b.model.fused  # the default job's one table
     np.testing.assert_array_equal(b.keys, [1, 3, 5])
 
 
@@ -52,6 +55,7 @@ def as_version_2(out) -> None:
 
 def test_a_version_1_bundle_opens_without_data_settings(tmp_path):
     out = write(tmp_path)
+    as_version_3(out)
     as_version_2(out)
     m = json.loads((out / "manifest.json").read_text())
     del m["data"]
@@ -64,7 +68,7 @@ def test_a_version_1_bundle_opens_without_data_settings(tmp_path):
         open_bundle(out)
 
 
-def test_a_bundle_has_a_folder_per_table_and_serving_refuses_several(tmp_path):
+def test_a_bundle_has_a_folder_per_table_and_the_one_table_view_refuses_several(tmp_path):
     out = tmp_path / "multi"
     w = BundleWriter(out, [TableInfo("item", 8, 2, {"seed": 3}), TableInfo("user", 2, 1)])
     w.add("user", np.array([7]), np.ones((1, 2), np.float32))
@@ -77,13 +81,16 @@ def test_a_bundle_has_a_folder_per_table_and_serving_refuses_several(tmp_path):
         "tables/user/rows.npy",
     ]
     m = json.loads((out / "manifest.json").read_text())
-    assert m["version"] == 3 and [t["name"] for t in m["tables"]] == ["item", "user"]
-    assert m["tables"][0] == {"name": "item", "dim": 8, "rows": 2, "seed": 3}
+    assert m["version"] == 4 and [t["name"] for t in m["tables"]] == ["item", "user"]
+    # a DLRM's settings complete what a table's record lacks: the init scale, the seed
+    assert m["tables"][0] == {"name": "item", "dim": 8, "rows": 2, "seed": 3, "init_scale": 0.5}
+    assert m["tables"][1] == {"name": "user", "dim": 2, "rows": 1, "seed": 0, "init_scale": 0.5}
+    assert m["model"]["name"] == "dlrm" and not m["model"]["fused"]
     b = open_bundle(out)
     np.testing.assert_array_equal(b.tables["item"].keys, [-4, 9])
     np.testing.assert_array_equal(b.tables["item"].rows[0], np.arange(8, 16))
     assert b.tables["user"].rows.shape == (1, 2)
-    with pytest.raises(BundleError, match="holds tables 'item', 'user'; serving scores the"):
+    with pytest.raises(BundleError, match="holds tables 'item', 'user', not one"):
         b.only_table()
     # a damaged table file is named
     (out / "tables/user/rows.npy").write_bytes(b"x")
@@ -91,8 +98,31 @@ def test_a_bundle_has_a_folder_per_table_and_serving_refuses_several(tmp_path):
         open_bundle(out)
 
 
+def as_version_3(out) -> None:
+    """Rewrites a bundle's manifest as version 3 wrote it: a DLRM's settings (ModelSpec's
+    fields) as its model, no bags or weights in its data."""
+    m = json.loads((out / "manifest.json").read_text())
+    m["model"] = dataclasses.asdict(SPEC)
+    for key in ("bags", "weights"):
+        del m["data"][key]
+    m["version"] = 3
+    (out / "manifest.json").write_text(json.dumps(m))
+
+
+def test_a_version_3_bundle_reads_as_the_builtin_dlrm(tmp_path):
+    out = write(tmp_path)
+    as_version_3(out)
+    b = open_bundle(out)
+    assert b.version == 3 and b.data == DATA
+    assert (b.model.name, b.model.args) == ("dlrm", {"bot_mlp": [8, 4], "top_mlp": [8, 1]})
+    assert (b.model.dense_features, b.model.seed, b.model.fused) == (13, 0, True)
+    record = b.tables["embedding"].info.record
+    assert record["features"] == [f"cat_{i}" for i in range(26)] and record["init_scale"] == 0.5
+
+
 def test_a_version_2_bundle_still_opens(tmp_path):
     out = write(tmp_path)
+    as_version_3(out)
     as_version_2(out)
     b = open_bundle(out)
     np.testing.assert_array_equal(b.keys, [1, 3, 5])
