@@ -143,8 +143,16 @@ def only_files(path: Path, allowed: Callable[[str], bool]) -> bool:
 def is_export_bundle(path: Path) -> bool:
     """An export bundle holding nothing else (replacing it loses nothing of the user's)."""
     names = {"manifest.json", "dense.pt", "keys.npy", "rows.npy", ".rows.unsorted.npy"}
-    return manifest_format(path) == EXPORT_FORMAT and only_files(
-        path, lambda n: n in names or (n.startswith(".") and ".tmp-" in n)
+
+    def ours(f: Path) -> bool:
+        n, parts = f.name, f.relative_to(path).parts
+        if n in names or (n.startswith(".") and ".tmp-" in n):
+            return True
+        # the copy of a user model's source file (cpu_dist/export: model/<file>.py)
+        return len(parts) == 2 and parts[0] == "model" and f.suffix == ".py"
+
+    return manifest_format(path) == EXPORT_FORMAT and all(
+        ours(f) for f in path.rglob("*") if not f.is_dir()
     )
 
 

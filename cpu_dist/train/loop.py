@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from cpu_dist.checkpoint.coordinator import Checkpointer, job_tables
+from cpu_dist.checkpoint.coordinator import Checkpointer
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
@@ -39,15 +39,14 @@ from cpu_dist.embeddings import (
     table_ids_of,
     unique_ids,
 )
-from cpu_dist.export import data_spec, export_from_client
-from cpu_dist.serving.bundle import ModelSpec
+from cpu_dist.export import export_job
 from cpu_dist.sparse import Client
 from cpu_dist.sparse.reads import TableReads
 from cpu_dist.train import metrics
 from cpu_dist.train.dump import model_arrays, write_dump
 from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.evaluation import evaluate_model
-from cpu_dist.train.job_model import build_job_model, model_name
+from cpu_dist.train.job_model import build_job_model, model_args, model_name
 from cpu_dist.train.pipelines import make_committer, make_pipeline
 from cpu_dist.train.step_rows import Plans, dense_named_parameters, distribute
 
@@ -120,11 +119,6 @@ class Worker:
         # The user's model as written (or a built-in); its collections' rows become the ones
         # the step pipeline reads (``step_rows``), everything else is dense.
         self.model = build_job_model(cfg, self.dataset.num_dense)
-        if cfg.output.export and model_name(cfg) != "dlrm":
-            raise ValueError(
-                f"--export: exporting a {model_name(cfg)!r} model is not supported yet (the "
-                "bundle holds the built-in dlrm only); drop --export"
-            )
         self.tables = [
             c for _, ebc in collections_of(self.model) for c in ebc.embedding_bag_configs()
         ]
@@ -407,24 +401,17 @@ class Worker:
         return model_arrays(self.model, tables)
 
     def _export(self, steps: int) -> None:
-        m = self.cfg.model
-        spec = ModelSpec(
-            dim=m.embedding_dim,
-            num_dense=self.dataset.num_dense,
-            num_sparse=self.dataset.num_sparse,
-            bot_mlp=m.bot_mlp,
-            top_mlp=m.top_mlp,
-            dtype=m.dtype,
-            seed=self.cfg.train.seed,
-            init_scale=m.init_scale,
-            table=self.cfg.tables.tables[0].name,  # what the checkpoint's export records
-        )
-        dense = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """``--export``: the bundle of any model (its spec, arguments, tables and rows)."""
         assert self.cfg.output.export is not None
-        out = Path(self.cfg.output.export)
-        data = data_spec(self.cfg.settings())
-        export_from_client(
-            self.client, dense, spec, steps, out, data=data, tables=job_tables(self.cfg)
+        export_job(
+            self.cfg,
+            self.model,
+            self.client,
+            steps,
+            Path(self.cfg.output.export),
+            dense_features=self.dataset.num_dense,
+            name=model_name(self.cfg),
+            args=model_args(self.cfg),
         )
 
     def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:

@@ -52,6 +52,17 @@ def test_missing_empty_and_same_kind_directories_are_accepted(tmp_path):
     check_output_dir(tmp_path / "empty", "--export", "an export bundle", is_export_bundle)
     bundle = _manifest(tmp_path / "b", "cpu_dist-export", "dense.pt", "keys.npy", "rows.npy")
     check_output_dir(bundle, "--export", "an export bundle", is_export_bundle)
+    (bundle / "model").mkdir()  # the copy of a user model's source (cpu_dist/export)
+    (bundle / "model" / "towers.py").write_text("x")
+    check_output_dir(bundle, "--export", "an export bundle", is_export_bundle)
+    (bundle / "model" / "notes.txt").write_text("x")  # not a model source: the user's
+    with pytest.raises(OutputError):
+        check_output_dir(bundle, "--export", "an export bundle", is_export_bundle)
+    (bundle / "model" / "notes.txt").unlink()
+    (bundle / "towers.py").write_text("x")  # a source outside model/: the user's
+    with pytest.raises(OutputError):
+        check_output_dir(bundle, "--export", "an export bundle", is_export_bundle)
+    (bundle / "towers.py").unlink()
     (bundle / "my-notes.txt").write_text("x")  # a bundle with the user's files in it
     with pytest.raises(OutputError):
         check_output_dir(bundle, "--export", "an export bundle", is_export_bundle)
