@@ -289,7 +289,8 @@ class SyntheticCriteo:
             values = self.feature_ids(f, rng.random(int(lengths.sum())))
         weights = None
         if name in self.weights:
-            weights = rng.uniform(*_WEIGHT_RANGE, size=values.shape[0]).astype(np.float32)
+            low, high = _WEIGHT_RANGE
+            weights = np.asarray(rng.uniform(low, high, size=values.shape[0]), np.float32)
         return Bags(lengths=lengths, values=values, weights=weights)
 
     def bag_signal(self, f: int, bags: Bags) -> np.ndarray:

@@ -240,19 +240,19 @@ class EmbeddingBagCollection(nn.Module):
                     f"({len(unique)}, {table.embedding_dim})"
                 )
             inverse_t = torch.from_numpy(inverse)
-            features = table.feature_names
-            mine = torch.tensor([index[f] for f in features], dtype=torch.int64)
+            names = table.feature_names
+            mine = torch.tensor([index[f] for f in names], dtype=torch.int64)
             if weights is None and stride and bool((lengths.view(-1, stride)[mine] == 1).all()):
                 # every bag of the table holds one id (one-hot features: Criteo's, the default
                 # DLRM's): one lookup for all of them in sample-major order (the index is
                 # transposed, not the rows), which gives [B, F_t * d] without a copy and sums
                 # a row's gradient over its uses in the order the one-hot embedding always had
-                index_bf = inverse_t.view(len(features), stride).t().reshape(-1)
+                index_bf = inverse_t.view(len(names), stride).t().reshape(-1)
                 looked = F.embedding(index_bf, rows)
-                pooled.append(looked.view(stride, len(features) * table.embedding_dim))
+                pooled.append(looked.view(stride, len(names) * table.embedding_dim))
                 continue
             at = 0
-            for f in features:
+            for f in names:
                 k = index[f]
                 n = start[k + 1] - start[k]
                 offsets = torch.zeros(stride + 1, dtype=torch.int64)

@@ -497,9 +497,9 @@ class LocalRows:
             parts.setdefault(table, []).append((ids, rows.grad))
         self._handed.clear()
         updated: dict[str, int] = {}
-        for name, table in self.tables.items():
+        for name, lazy in self.tables.items():
             spec = self.specs[name]
-            ids, g = _summed(parts.get(name, []), table.dim)
-            updated[name] = table.commit(ids, g, spec.lr if lr is None else lr)
+            ids, g = _summed(parts.get(name, []), lazy.dim)
+            updated[name] = lazy.commit(ids, g, spec.lr if lr is None else lr)
         self._step += 1
         return updated

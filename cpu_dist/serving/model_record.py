@@ -246,11 +246,12 @@ def check_source(record: ModelRecord, bundle: Path) -> str:
         return f"{copy}:{spec.func}"
     if src.kind != "module":
         raise BundleError(f"bundle {bundle}: model source kind {src.kind!r} (file or module)")
-    got = source_sha256(record.name)
-    if src.sha256 is not None and got != src.sha256:
+    module_hash = source_sha256(record.name)
+    if src.sha256 is not None and module_hash != src.sha256:
         raise BundleError(
             f"bundle {bundle}: model {record.name!r}: module {src.path}'s source has sha256 "
-            f"{got}, but the bundle was exported with sha256 {src.sha256} (from {src.origin}): "
-            "the code changed since the export; install the version it was trained with"
+            f"{module_hash}, but the bundle was exported with sha256 {src.sha256} (from "
+            f"{src.origin}): the code changed since the export; install the version it was "
+            "trained with"
         )
     return record.name

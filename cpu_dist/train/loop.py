@@ -430,7 +430,7 @@ class Worker:
                 write_dump(self.cfg.output.dump_state, self._dump_arrays())
             if self.cfg.output.export:
                 self._export(steps)
-            head = {
+            head: dict[str, Any] = {
                 "steps": steps,
                 "workers": self.world,
                 "ps_shards": self.client.num_shards,

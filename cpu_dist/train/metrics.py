@@ -306,7 +306,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     out = [format_table(plain, ("metric", "value"))]
     tables = summary.get("tables")
     if isinstance(tables, Mapping) and tables:
-        columns = ("dim", *TABLE_FIGURES)
+        columns: tuple[str, ...] = ("dim", *TABLE_FIGURES)
         if any(k in t for t in tables.values() for k in TRAFFIC_FIGURES):
             columns += TRAFFIC_FIGURES
         rows = [(name, *(t.get(k, 0) for k in columns)) for name, t in tables.items()]
