@@ -10,7 +10,7 @@ worker loop's step pipeline, whose steps are dicts per table.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,23 +19,29 @@ if TYPE_CHECKING:
 
     from cpu_dist.common.config import Config
     from cpu_dist.common.timing import PhaseTimer
-    from cpu_dist.data import Dataset
+    from cpu_dist.data import Batch, Dataset
     from cpu_dist.sparse import Client
     from gpu_cache.controller import CachedRowReader, Commits
 
 
 def scan_trace(
-    dataset: Dataset, batch_size: int, steps: int, rank: int, world: int
+    dataset: Dataset,
+    batch_size: int,
+    steps: int,
+    rank: int,
+    world: int,
+    keys_of: Callable[[Batch], np.ndarray],
 ) -> Iterator[np.ndarray]:
     """This worker's sorted unique keys of each training step, read before training: only
-    this worker's share of each batch, prepared on a background thread."""
+    this worker's share of each batch, prepared on a background thread; ``keys_of`` gives a
+    batch's keys of the cached table as the step will read them (its bags included)."""
     import numpy as np
 
     from cpu_dist.data import WorkerBatches
 
     with WorkerBatches(dataset, batch_size, 0, rank, world, stop_step=steps) as batches:
         for _, batch in batches:
-            yield np.unique(batch.keys.reshape(-1))
+            yield np.unique(keys_of(batch))
 
 
 def make_reader(
@@ -61,7 +67,17 @@ def make_reader(
     rank, world = comm.Get_rank(), comm.Get_size()
     planner: OnlinePlanner | PrescanPlanner
     if cache.prescan:
-        trace = scan_trace(dataset, cfg.train.batch_size, cfg.train.max_step, rank, world)
+        from cpu_dist.data.features import BatchFeatures
+
+        features = BatchFeatures(cfg.tables, dataset.kind, getattr(dataset, "offsets", None))
+        trace = scan_trace(
+            dataset,
+            cfg.train.batch_size,
+            cfg.train.max_step,
+            rank,
+            world,
+            lambda batch: features(batch).values().numpy(),
+        )
         planner = PrescanPlanner(comm, trace, window=cache.plan_window)
     else:
         planner = OnlinePlanner(comm)

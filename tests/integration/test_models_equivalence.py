@@ -182,3 +182,16 @@ def test_async_and_compressed_multi_hot_jobs_train_every_table(job_file, tmp_pat
     assert set(rows) == {"narrow", "mid", "wide"} and all(len(k) for k, _ in rows.values())
     summary = read_summary(metrics)
     assert summary["steps"] == STEPS and np.isfinite(summary["eval_auc"])
+
+
+def test_the_cache_stage_over_a_multi_hot_fused_table_equals_the_reference(tmp_path):
+    """``--read-mode bagpipe`` (prescan plans) with multi-hot bags of the flags' one fused
+    table: the plans read the bags' keys as the steps do, and the cached rows stay the PS's
+    (GPU_CACHE_VERIFY)."""
+    job_file = tmp_path / "fused_bags.toml"
+    job_file.write_text('[data]\nkind = "synthetic"\nbags = { cat_0 = [0, 4], cat_3 = [1, 6] }\n')
+    args = ["--config", str(job_file), "--max_step", str(STEPS), "--batch-size", str(BATCH)]
+    want = reference(args, tmp_path / "reference.npz")
+    cache = ["--read-mode", "bagpipe", "--optimization-prescan"]
+    got = train(tmp_path, "cached", 2, 2, [*args, *cache], env={"GPU_CACHE_VERIFY": "1"})
+    assert_close(got, want, 1e-5, "cache W=2 P=2")
