@@ -11,13 +11,17 @@ from cpu_dist.common.files import is_state_dump
 from cpu_dist.train.dump import model_arrays, table_rows, write_dump
 
 
-class TwoParams:
-    def __init__(self) -> None:
-        self.w = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
-        self.b = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+class TwoParams(torch.nn.Module):
+    """A model's dense part: ``top.0.weight`` float32 and ``top.0.bias`` float64."""
 
-    def dense_named_parameters(self):
-        return [("top.0.weight", self.w), ("top.0.bias", self.b)]
+    def __init__(self) -> None:
+        super().__init__()
+        self.top = torch.nn.ModuleList([torch.nn.Linear(3, 2)])
+        with torch.no_grad():
+            self.top[0].weight = torch.nn.Parameter(
+                torch.arange(6, dtype=torch.float32).reshape(2, 3)
+            )
+            self.top[0].bias = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
 
 
 def test_every_table_is_named_sorted_and_typed(tmp_path):
