@@ -22,6 +22,14 @@ from cpu_dist.common.tables import DEFAULT_LR, FROM_FLAGS, JobTables, flag_table
 # import torch (the two must stay equal; the models' tests can compare them, common's may not
 # import the models package).  A spec with ':' is a user's factory.
 BUILTIN_MODEL_NAMES = ("dlrm", "dcnv2")
+
+
+class ModelError(ValueError):
+    """A model spec that cannot be resolved or built; the message names the spec.  Defined
+    here, not beside the factory, so that a job's error handling (``train/job.py``, which PS
+    ranks import) knows it without importing torch."""
+
+
 # The longest bag a job file's ``[data] bags`` may ask for (ids of one feature in one sample):
 # MLPerf's multi-hot Criteo has at most 100 per feature, so 1024 leaves room and keeps one
 # batch's ids bounded.

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cpu_dist.common.config import ModelError
 from cpu_dist.embeddings import EmbeddingBagConfig, collections_of
 
 __all__ = [
@@ -60,10 +61,6 @@ BUILTIN_MODELS: dict[str, str] = {
 _MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _FUNC_RE = re.compile(r"[A-Za-z_]\w*")
 _FORMS = "a built-in name, PKG.MODULE:FUNC or path/to/file.py:FUNC"
-
-
-class ModelError(ValueError):
-    """A model spec that cannot be resolved or built; the message names the spec."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from cpu_dist.checkpoint.manifest import CheckpointError
-from cpu_dist.common.config import Config
+from cpu_dist.common.config import Config, ModelError
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.mpi_context import (
     EXIT_STOPPED,
@@ -40,6 +40,7 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     RunLengthError,
     NonFiniteLoss,
     BundleError,
+    ModelError,
     OutputError,
     TimeoutError,
     MemoryError,

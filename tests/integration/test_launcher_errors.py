@@ -71,3 +71,12 @@ def test_a_job_file_value_of_the_wrong_type_is_named_once(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     needle = f"{job}: [job] batch_size (--batch-size): expected an integer, got a string ('96')"
     assert proc.stderr.count(needle) == 1, proc.stderr
+
+
+def test_a_user_model_that_cannot_be_loaded_ends_the_job_with_one_clear_error(tmp_path):
+    """A file spec whose file is missing: exit 2 naming the spec and the path, no traceback."""
+    missing = tmp_path / "no_such_model.py"
+    proc = mpirun(3, ["--worker-num", "2", *SMALL, "--model", f"{missing}:build"], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"ModelError: model '{missing}:build': {missing} does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
