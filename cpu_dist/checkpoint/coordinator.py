@@ -115,6 +115,12 @@ def changed_settings(saved: dict, now: dict) -> list[str]:
     ]
 
 
+# The sha256 of a user model's source (``models.factory.source_sha256``), recorded in a
+# manifest's settings beside Config.settings(): the exporter refuses a checkpoint whose model
+# code changed since (cpu_dist/export/records.py), and a resume reports the change.
+SOURCE_SHA256_KEY = "model.source_sha256"
+
+
 class Commits(Protocol):
     """What a checkpoint needs from the commit protocol (cpu_dist.sparse.commits)."""
 
@@ -148,10 +154,13 @@ class Checkpointer:
         model: torch.nn.Module,
         dense: DenseOptimizer,
         commits: Commits,
+        model_source_sha256: str | None = None,
     ) -> None:
         ck = cfg.checkpoint
         self.cfg, self.comm, self.client = cfg, comm, client
         self.model, self.dense, self.commits = model, dense, commits
+        # what a manifest records: the settings and the user model's source hash, if any
+        self.settings = {**cfg.settings(), SOURCE_SHA256_KEY: model_source_sha256}
         self.root = Path(ck.dir).resolve() if ck.dir else None
         self.chief = comm.Get_rank() == 0
         self.every, self.keep, self.resume = ck.every, ck.keep, ck.resume
@@ -235,7 +244,7 @@ class Checkpointer:
             num_shards=n,
             shards=shards,
             dense=dense,
-            config=self.cfg.settings(),
+            config=self.settings,
             run_id=self.run_id,
             tables=tables,
         )
@@ -262,7 +271,7 @@ class Checkpointer:
                 )
             else:
                 assert m.path is not None
-                changed = changed_settings(m.config, self.cfg.settings())
+                changed = changed_settings(m.config, self.settings)
                 if changed:
                     print(
                         "cpu_dist: --resume: changed since the checkpoint: " + "; ".join(changed),

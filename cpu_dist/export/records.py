@@ -9,16 +9,13 @@ from typing import Any
 
 from torch import nn
 
+from cpu_dist.checkpoint.coordinator import SOURCE_SHA256_KEY  # (older checkpoints lack it)
 from cpu_dist.common.config import Config, DataConfig, ModelConfig
 from cpu_dist.common.tables import CATEGORICAL_FEATURES, NUM_DENSE
 from cpu_dist.embeddings import EmbeddingBagConfig, collections_of
 from cpu_dist.serving.bundle import DataSpec
 from cpu_dist.serving.errors import BundleError
 from cpu_dist.serving.model_record import ModelRecord, source_record, table_record
-
-# Where a checkpoint's settings would record the sha256 of a user model's source (the
-# checkpoint writer does not yet; a checkpoint without it is exported with today's source).
-SOURCE_SHA256_KEY = "model.source_sha256"
 
 __all__ = [
     "data_spec",

@@ -40,6 +40,7 @@ from cpu_dist.embeddings import (
     unique_ids,
 )
 from cpu_dist.export import export_job
+from cpu_dist.models.factory import source_sha256
 from cpu_dist.sparse import Client
 from cpu_dist.sparse.reads import TableReads
 from cpu_dist.train import metrics
@@ -136,7 +137,13 @@ class Worker:
         self.timer = PhaseTimer()
         self.committer = make_committer(cfg, self.client, self.comm, session)
         self.checkpointer = Checkpointer(
-            cfg, self.comm, self.client, self.model, self.dense, self.committer
+            cfg,
+            self.comm,
+            self.client,
+            self.model,
+            self.dense,
+            self.committer,
+            model_source_sha256=source_sha256(model_name(cfg)),
         )
         self.start = self.checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
         self.committer.start_at(self.start)

@@ -6,6 +6,7 @@ damaged bundle is refused naming the file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -23,7 +24,7 @@ from cpu_dist.serving.bundle import open_bundle
 from cpu_dist.serving.loader import bundle_job_tables
 from cpu_dist.train.dump import table_rows
 
-from .launch import SMALL, mpirun, run_module
+from .launch import ROOT, SMALL, mpirun, run_module
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -333,3 +334,47 @@ def test_a_dcnv2_bundle_scores_what_the_job_scored(tmp_path):
     assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-4)
     assert len(scores.read_text().splitlines()) == got["eval_samples"] == 3 * 96
     assert load_auc(bundle, 3) == pytest.approx(final["eval_auc"], abs=1e-4)
+
+
+def test_a_checkpoint_of_a_user_model_refuses_an_export_once_its_source_changed(tmp_path):
+    """The manifest records the user model's source hash: exported with that source, the
+    checkpoint's bundle holds it; once the file changed, the export is refused naming both
+    hashes, and a resume says the source changed."""
+    model = tmp_path / "towers.py"
+    shutil.copy(ROOT / "cpu_dist/examples/user_model.py", model)
+    ckpt = tmp_path / "ck"
+    argv = [
+        "--worker-num",
+        "2",
+        *SMALL,
+        "--config",
+        str(ROOT / "cpu_dist/examples/two_tower.toml"),
+        "--model",
+        f"{model}:two_tower",
+        "--max_step",
+        "4",
+        "--batch-size",
+        "96",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "2",
+    ]
+    proc = mpirun(3, argv)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (step,) = sorted(ckpt.glob("step-*"))[-1:]
+    trained = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert (
+        json.loads((step / "manifest.json").read_text())["config"]["model.source_sha256"] == trained
+    )
+    ok = run_module("cpu_dist.export", str(step), "--output", str(tmp_path / "b1"))
+    assert ok.returncode == 0, ok.stderr
+    model.write_text(model.read_text() + "\n# changed\n")
+    now = hashlib.sha256(model.read_bytes()).hexdigest()
+    refused = run_module("cpu_dist.export", str(step), "--output", str(tmp_path / "b2"))
+    assert refused.returncode != 0
+    assert trained in refused.stderr and now in refused.stderr, refused.stderr
+    assert not (tmp_path / "b2").exists()
+    resumed = mpirun(3, [*argv, "--max_step", "6", "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{trained!r} -> {now!r}" in resumed.stderr, resumed.stderr[-3000:]
