@@ -217,15 +217,7 @@ class BundleWriter:
         if isinstance(model, ModelSpec):
             infos = legacy_tables(model, list(self.tables.values()))
             self.tables = {t.name: t for t in infos}
-            model = legacy_record(
-                bot_mlp=model.bot_mlp,
-                top_mlp=model.top_mlp,
-                num_dense=model.num_dense,
-                num_sparse=model.num_sparse,
-                dtype=model.dtype,
-                seed=model.seed,
-                tables=[{**t.record, "name": t.name} for t in infos],
-            )
+            model = legacy_record(model, [{**t.record, "name": t.name} for t in infos])
         names = [DENSE]
         if model.source is not None and model.source.kind == "file":
             names.append(self._copy_source(model))
@@ -391,15 +383,7 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
             **{**raw, "bot_mlp": tuple(raw["bot_mlp"]), "top_mlp": tuple(raw["top_mlp"])}
         )
         infos = _legacy_tables(m, spec)
-        model = legacy_record(
-            bot_mlp=spec.bot_mlp,
-            top_mlp=spec.top_mlp,
-            num_dense=spec.num_dense,
-            num_sparse=spec.num_sparse,
-            dtype=spec.dtype,
-            seed=spec.seed,
-            tables=[t.record for t in infos],
-        )
+        model = legacy_record(spec, [t.record for t in infos])
     folders = {t.name: path / table_dir(t.name) if m["version"] >= 3 else path for t in infos}
     dense = torch.load(path / DENSE, map_location="cpu", weights_only=True)
     tables = {}

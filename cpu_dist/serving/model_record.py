@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.tables import DEFAULT_EPS, DEFAULT_LR, categorical_names
@@ -174,28 +174,36 @@ def table_config(record: Mapping[str, Any], where: str) -> EmbeddingBagConfig:
         ) from None
 
 
-def legacy_record(
-    *,
-    bot_mlp: Sequence[int],
-    top_mlp: Sequence[int],
-    num_dense: int,
-    num_sparse: int,
-    dtype: str,
-    seed: int,
-    tables: Sequence[Mapping[str, Any]],
-) -> ModelRecord:
+class LegacySpec(Protocol):
+    """What :func:`legacy_record` reads of a DLRM's ``ModelSpec`` (``serving.bundle``)."""
+
+    @property
+    def bot_mlp(self) -> Sequence[int]: ...
+    @property
+    def top_mlp(self) -> Sequence[int]: ...
+    @property
+    def num_dense(self) -> int: ...
+    @property
+    def num_sparse(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def legacy_record(spec: LegacySpec, tables: Sequence[Mapping[str, Any]]) -> ModelRecord:
     """The model of a bundle written before models were recorded (versions 1 to 3, and
     ``export_from_client``'s ``ModelSpec``): always the built-in ``dlrm``; its data's
     features are ``cat_0`` ... ``cat_{num_sparse-1}``, fused into the one table
     ``embedding`` when that is its only table."""
     return ModelRecord(
         name="dlrm",
-        args={"bot_mlp": list(bot_mlp), "top_mlp": list(top_mlp)},
-        dense_features=int(num_dense),
-        dtype=dtype,
-        seed=int(seed),
+        args={"bot_mlp": list(spec.bot_mlp), "top_mlp": list(spec.top_mlp)},
+        dense_features=int(spec.num_dense),
+        dtype=spec.dtype,
+        seed=int(spec.seed),
         fused=[t.get("name") for t in tables] == [TABLE],
-        data_features=categorical_names(int(num_sparse)),
+        data_features=categorical_names(int(spec.num_sparse)),
     )
 
 
