@@ -49,6 +49,8 @@ ALLOWED = {
     # (train.dump) and dense optimizer, trained in one process; nothing imports it back
     "reference": {"train", "dense", "models", "embeddings", "data", "common"},
     "testing": {"common"},  # support for tests and benchmarks (the network lab)
+    # the worked examples: a user's model sees the public embeddings API only
+    "examples": {"embeddings"},
 }
 TEST_SUPPORT = {"testing"}  # a package's tests (``<package>/tests``) may import these too
 
