@@ -239,3 +239,29 @@ def test_a_version_2_manifest_is_the_one_default_table(tmp_path):
         check_matches(back, tables=[_table("item", 8), _table("user", 4)], **ok)
     with pytest.raises(CheckpointError, match="this job has 'embedding' \\(dim 16\\)"):
         check_matches(back, tables=[_table("embedding", 16)], **ok)
+
+
+def test_a_resume_with_another_model_or_other_model_arguments_is_refused(tmp_path):
+    """The job's MUST_MATCH holds the model and its arguments: a checkpoint of a dcnv2 job
+    refuses a dlrm resume, and one of other [model] arguments, naming the setting."""
+    from cpu_dist.checkpoint.coordinator import MUST_MATCH
+    from cpu_dist.common.flags import parse_args
+    from cpu_dist.common.validate import validate
+
+    features = ", ".join(f'"cat_{i}"' for i in range(26))
+
+    def settings(*argv: str, toml: str = "") -> dict:
+        job = tmp_path / f"job{len(toml)}.toml"
+        job.write_text(f'{toml}[[tables]]\nname = "t"\nfeatures = [{features}]\n')
+        return validate(parse_args(["--config", str(job), *argv]), 3).settings()
+
+    m = make(tmp_path, 3)
+    m.config = settings("--model", "dcnv2", toml="[model]\nlow_rank_dim = 8\n")
+    ok = dict(dim=8, table="embedding", must_match=MUST_MATCH)
+    check_matches(m, config=m.config, **ok)
+    with pytest.raises(CheckpointError, match=r"--model 'dcnv2' in the checkpoint, 'dlrm'"):
+        check_matches(m, config=settings(toml="[model]\nlow_rank_dim = 8\n"), **ok)
+    with pytest.raises(CheckpointError, match=r"low_rank_dim.*8.*16"):
+        check_matches(
+            m, config=settings("--model", "dcnv2", toml="[model]\nlow_rank_dim = 16\n"), **ok
+        )
