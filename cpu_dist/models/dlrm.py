@@ -26,7 +26,7 @@ fused table, its forward and gradient bits are those of the DLRM this project al
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -118,14 +118,6 @@ class DLRM(nn.Module):
         if emb.dtype != dtype:
             emb = emb.to(dtype)
         return self.top(self.interact(bottom, emb)).squeeze(-1)
-
-    def dense_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """The dense parameters with stable names (``bot.0.weight`` ...): all of them, since
-        the rows are not parameters."""
-        yield from self.named_parameters()
-
-    def dense_parameters(self) -> list[nn.Parameter]:
-        return [p for _, p in self.dense_named_parameters()]
 
 
 def dlrm(

@@ -58,7 +58,7 @@ def model(tables=None, seed: int = 0, **kw) -> nn.Module:
 def test_structure_names_and_logit_shape():
     m = model()
     assert isinstance(m, DLRM)
-    names = [n for n, _ in m.dense_named_parameters()]
+    names = [n for n, _ in m.named_parameters()]  # the dense part: rows are not parameters
     assert names == [
         "bot.0.weight",
         "bot.0.bias",
