@@ -63,6 +63,24 @@ class StagedRows:
     rows: np.ndarray | None = None  # set by submit(step - 1), then kept coherent
 
 
+@dataclass
+class PendingRead:
+    """A read between :meth:`CachedRowReader.begin` and :meth:`CachedRowReader.complete`."""
+
+    step: int
+    plan: StepPlan
+    keys: np.ndarray
+    out: np.ndarray  # the rows of keys, hits and staged rows filled in
+    miss_pos: np.ndarray  # positions in keys that missed the cache (admission candidates)
+    demand_pos: np.ndarray  # the misses nothing staged: read from the PS
+    admit: bool  # the low-hit bypass lets misses in
+    dependency: int  # the last step whose commit changed a demand row (-1: none)
+
+    @property
+    def demand(self) -> np.ndarray:
+        return self.keys[self.demand_pos]
+
+
 class Commits(Protocol):
     """What the cache needs from the commit protocol (``cpu_dist.sparse.commits``)."""
 
@@ -88,8 +106,9 @@ class Commits(Protocol):
 
 
 class CachedRowReader:
-    """The cache stage of the one fused table; ``CacheStage`` (``cpu_dist/train/pipelines/``)
-    makes it a step pipeline of the loop's per-table dicts."""
+    """One table's cache: its rows, metadata, plans and staging.  ``CacheStage``
+    (``cpu_dist/train/pipelines/cache.py``) runs one per table of the job as a step pipeline
+    (one demand pull and one commit for all of them)."""
 
     prefetch_early = False  # its prefetch plans from the rows the last step wrote
 
@@ -140,15 +159,31 @@ class CachedRowReader:
     # -- read path ---------------------------------------------------------------------
     def read(self, step: int, keys: np.ndarray) -> torch.Tensor:
         """Rows of ``keys`` (sorted unique int64), float32 on the CPU, equal to the PS rows
-        after every commit before ``step``."""
+        after every commit before ``step``: :meth:`begin`, the dependency wait, the demand
+        pull, :meth:`complete` (a stage of several tables runs them itself, with one pull
+        for all its tables)."""
         with self.phases("pull") if self.phases is not None else contextlib.nullcontext():
-            return self._read(step, keys)
+            pending = self.begin(step, keys)
+            self.wait_dependency(pending)
+            rows = None
+            if len(pending.demand_pos):
+                with self.timer("demand_pull"):
+                    rows = self.client.pull(pending.demand)
+            return self.complete(pending, rows)
 
-    def _read(self, step: int, keys: np.ndarray) -> torch.Tensor:
+    def begin(self, step: int, keys: np.ndarray, plan: StepPlan | None = None) -> PendingRead:
+        """The cache's part of a read before the PS: plan (``plan``: one made for every table
+        of the step at once; None: this reader's planner), hits, staged rows; what is left
+        to pull from the PS is the result's :attr:`PendingRead.demand`."""
         with self.timer("submit_wait"):  # the previous step's submit and coherence
             self.committer.drain()
         with self.timer("plan"):
-            plan = self.planner.plan(step, keys)
+            if plan is None:
+                plan = self.planner.plan(step, keys)
+            elif plan.step != step or not np.array_equal(plan.keys, keys):
+                raise RuntimeError(
+                    f"step {step}: the plan given is step {plan.step}'s or of other keys"
+                )
         self._plan = plan
         n = len(keys)
         # The query also refreshes the eviction scores of the hits, bypass or not: a row whose
@@ -173,12 +208,43 @@ class CachedRowReader:
             if staged is not None:
                 out[staged.pos] = staged.rows
                 miss[staged.pos] = False  # what remains in `miss` is read on demand
-        self._read_demand(step, plan, keys, np.flatnonzero(miss), out)
+        demand_pos = np.flatnonzero(miss)
+        dependency = -1
+        if len(demand_pos):  # the last step that changed a demand row (its commit is needed)
+            demand = keys[demand_pos]
+            prev = plan.prev[demand_pos] if plan.prev is not None else None
+            if prev is None:
+                prev = self.meta.previous_update(demand)
+            dependency = int(prev.max())
+        return PendingRead(step, plan, keys, out, miss_pos, demand_pos, admit, dependency)
+
+    def wait_dependency(self, pending: PendingRead) -> None:
+        """Block until the commit the demand rows depend on is applied (if they need one)."""
+        step = pending.step
+        if len(pending.demand_pos) and pending.dependency > self.committer.committed:
+            t0 = time.perf_counter()
+            self.committer.wait_readable(pending.dependency + 1)
+            waited = time.perf_counter() - t0
+            self.commit_wait_s += waited
+            self.timer.add("dependency_wait", waited)
+            self.stats["dependency_waits"] += 1
+        elif step > 0 and self.committer.committed < step - 1:
+            self.stats["skipped_dependency_waits"] += 1
+
+    def complete(self, pending: PendingRead, demand_rows: np.ndarray | None) -> torch.Tensor:
+        """The read's end: the demand rows (pulled after :meth:`wait_dependency`) in place,
+        misses admitted, the next step's misses staged; the rows of ``pending.keys``."""
+        plan, keys, out, step = pending.plan, pending.keys, pending.out, pending.step
+        if len(pending.demand_pos):
+            assert demand_rows is not None, "the demand rows were not pulled"
+            out[pending.demand_pos] = demand_rows
+            self.stats["demand_ids"] += len(pending.demand_pos)
         if plan.prev is None:  # online: the metadata remembers which step changed which row
             self.meta.record_updates(plan.union, step)
             # ...and forgets it once that step is applied: such a row needs no wait.
             self.meta.prune_updates(self.committer.committed)
-        if not admit:
+        miss_pos = pending.miss_pos
+        if not pending.admit:
             miss_pos = miss_pos[:0]
         elif self.aggregation == "ps" and plan.scores is not None and len(miss_pos):
             # Prescan admission follows the plan: a row another worker also touches in this
@@ -200,30 +266,6 @@ class CachedRowReader:
             return None
         self.stats["prefetch_used"] += len(pending.pos)
         return pending
-
-    def _read_demand(
-        self, step: int, plan, keys: np.ndarray, pos: np.ndarray, out: np.ndarray
-    ) -> None:
-        """Pull the rows at ``pos`` into ``out`` once the commit they depend on is applied."""
-        if not len(pos):
-            if step > 0 and self.committer.committed < step - 1:
-                self.stats["skipped_dependency_waits"] += 1
-            return
-        demand = keys[pos]
-        prev = plan.prev[pos] if plan.prev is not None else self.meta.previous_update(demand)
-        dep = int(prev.max())
-        if dep > self.committer.committed:
-            t0 = time.perf_counter()
-            self.committer.wait_readable(dep + 1)
-            waited = time.perf_counter() - t0
-            self.commit_wait_s += waited
-            self.timer.add("dependency_wait", waited)
-            self.stats["dependency_waits"] += 1
-        elif step > 0 and self.committer.committed < step - 1:
-            self.stats["skipped_dependency_waits"] += 1
-        with self.timer("demand_pull"):
-            out[pos] = self.client.pull(demand)
-        self.stats["demand_ids"] += len(demand)
 
     def _admit(
         self, keys: np.ndarray, miss_pos: np.ndarray, out: np.ndarray, scores: np.ndarray | None
@@ -273,6 +315,17 @@ class CachedRowReader:
     def submit(self, step: int, keys: np.ndarray, grads: np.ndarray) -> None:
         """Hand step ``step``'s gradients to the commit protocol, then make resident and staged
         rows equal the PS rows after commit ``step``."""
+        union, cohere = self.prepare_submit(step, keys, grads)
+        # In background mode the exchange, the hand-off and cohere() overlap the dense phase;
+        # the next read() drains them first.
+        self.committer.submit(step, keys, grads, union=union, then=cohere)
+
+    def prepare_submit(
+        self, step: int, keys: np.ndarray, grads: np.ndarray
+    ) -> tuple[np.ndarray, Callable[[Outgoing], None]]:
+        """What the commit of ``step``'s gradients needs from this cache: the step's key union
+        (known from the plan: no id exchange) and the coherence callback to run once the
+        gradients are handed over (``then`` of the committer's submit)."""
         plan = self._plan
         if plan is None or plan.step != step:
             raise RuntimeError(f"submit({step}) without read({step})")
@@ -287,9 +340,7 @@ class CachedRowReader:
             with self.timer("coherence"):
                 self._coherence(out, plan, keys, grads, staged)
 
-        # In background mode the exchange, the hand-off and cohere() overlap the dense phase;
-        # the next read() drains them first.
-        self.committer.submit(step, keys, grads, union=plan.union, then=cohere)
+        return plan.union, cohere
 
     def _coherence(self, out: Outgoing, plan, keys, grads, staged: StagedRows | None) -> None:
         if self.aggregation == "collective":

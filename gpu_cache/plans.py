@@ -6,7 +6,8 @@ A :class:`StepPlan` tells one worker, for one step, the union of all workers' un
 score of each of its keys (minus the step of its next use, so "smallest score first" evicts
 the row needed farthest in the future).
 
-OnlinePlanner exchanges the unique keys of all workers at every step (one Allgatherv).
+OnlinePlanner exchanges the unique keys of all workers at every step (one Allgatherv);
+OnlineTablesPlanner does the same for every table of a step in one exchange.
 PrescanPlanner reads the whole id trace before training, exchanges it once and keeps the
 plans in CPU memory; during training it checks that the ids are the ones it scanned.
 """
@@ -14,12 +15,12 @@ plans in CPU memory; during training it checks that the ids are the ones it scan
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from cpu_dist.common.mpi_context import allgather_keys
+from cpu_dist.common.mpi_context import allgather_keys, allgather_tables
 
 # Score of a row with no use inside the plan window: below every real "minus next use".
 FAR = np.iinfo(np.int64).min // 4
@@ -93,6 +94,33 @@ class OnlinePlanner:
 
     def close(self) -> None:
         pass
+
+
+class OnlineTablesPlanner:
+    """:class:`OnlinePlanner` for every table of a step at once: one exchange of all tables'
+    keys, not one per table."""
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.exchange_s = 0.0
+        self.ids_exchanged = 0
+
+    def plan(self, step: int, parts: Mapping[str, np.ndarray]) -> dict[str, StepPlan]:
+        t0 = time.perf_counter()
+        if self.comm.Get_size() == 1:
+            out = {
+                n: StepPlan(step, k, k, np.zeros(len(k), dtype=bool), None)
+                for n, k in parts.items()
+            }
+        else:
+            every = allgather_tables(self.comm, parts)
+            self.ids_exchanged += sum(len(v) for v in every.values())
+            out = {}
+            for name, keys in parts.items():
+                union, shared = _union_and_shared(every[name], keys)
+                out[name] = StepPlan(step, keys, union, shared, None)
+        self.exchange_s += time.perf_counter() - t0
+        return out
 
 
 class PrescanMismatch(RuntimeError):

@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from cpu_dist.common.config import CACHE_ROWS_PER_UNIT as ROWS_PER_UNIT  # one definition
 from gpu_cache._metadata import copy_rows
-
-ROWS_PER_UNIT = 64
 
 
 def sgd_step(

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from cpu_dist.data import make_dataset  # noqa: E402
 from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
-from gpu_cache import scan_trace  # noqa: E402
+from gpu_cache import fused_trace  # noqa: E402
 from gpu_cache._metadata import BagPipeCacheMetadata  # noqa: E402
 from gpu_cache.controller import admit_misses  # noqa: E402
 from gpu_cache.plans import FAR, PrescanPlanner  # noqa: E402
@@ -88,7 +88,7 @@ def belady_hit_rate(plans, capacity: int) -> float:
 def trace_part(args) -> dict:
     t0 = time.perf_counter()
     ds = make_dataset("synthetic", seed=0, zipf_exponent=1.05)
-    trace = list(scan_trace(ds, args.batch_size, args.trace_steps, 0, 1))
+    trace = list(fused_trace(ds, args.batch_size, args.trace_steps, 0, 1))
     planner = PrescanPlanner(OneRank(), trace)
     distinct = len(np.unique(np.concatenate(trace)))
     out = {"trace_distinct_rows": distinct, "trace_steps": args.trace_steps}
@@ -125,7 +125,7 @@ def run(args, name: str, extra: list[str]) -> dict:
 def training_part(args) -> dict:
     ds = make_dataset("synthetic", seed=0, zipf_exponent=1.05)
     distinct = len(
-        np.unique(np.concatenate(list(scan_trace(ds, args.batch_size, args.steps, 0, 1))))
+        np.unique(np.concatenate(list(fused_trace(ds, args.batch_size, args.steps, 0, 1))))
     )
     units = max(1, math.ceil(distinct * 0.05 / ROWS_PER_UNIT))
     cache = [

@@ -48,7 +48,7 @@ from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.testing.netlab import NetLab, unavailable  # noqa: E402
 from cpu_dist.testing.shards import standalone_shards  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
-from gpu_cache import scan_trace  # noqa: E402
+from gpu_cache import fused_trace  # noqa: E402
 from gpu_cache.storage import ROWS_PER_UNIT  # noqa: E402
 
 INT8 = ["--ps-compression", "int8"]
@@ -65,7 +65,7 @@ BEST = INT8
 
 def cache_flags(steps: int, batch: int) -> list[str]:
     ds = make_dataset("synthetic", seed=0)
-    distinct = len(np.unique(np.concatenate(list(scan_trace(ds, batch, steps, 0, 1)))))
+    distinct = len(np.unique(np.concatenate(list(fused_trace(ds, batch, steps, 0, 1)))))
     units = max(1, math.ceil(distinct * 0.05 / ROWS_PER_UNIT))
     return [
         "--read-mode",

@@ -150,14 +150,50 @@ class DataConfig:
     weights: tuple[str, ...] = ()
 
 
+# The cache stage's capacity unit (``--optimization-cache-capacity``, a table's
+# ``cache_capacity``): rows of a table's width.
+CACHE_ROWS_PER_UNIT = 64
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The cache stage (``--read-mode bagpipe``); absent when it is off."""
 
     prescan: bool = False
-    capacity_units: int = 8192  # of 64 rows
+    # of 64 rows of --embedding-dim: the fused table's size, and a job file's tables' budget
+    capacity_units: int = 8192
     plan_window: int = 0
     bypass_below: float = 0.02
+
+    def table_units(self, tables: JobTables, unit_dim: int) -> dict[str, int]:
+        """Each table's cache in 64-row units of its own width.
+
+        The budget is what ``capacity_units`` hold at ``unit_dim`` (``--embedding-dim``) in
+        float32: the flags' one table gets exactly that.  A job file's table with its own
+        ``cache_capacity`` takes it off the budget; the others split what is left by their row
+        bytes, so that each caches the same number of rows (whole units, at least one).
+        Raises ValueError, naming the tables, where the budget leaves them less than a unit.
+        """
+        own = {t.name: t.cache_capacity for t in tables.tables if t.cache_capacity}
+        rest = [t for t in tables.tables if not t.cache_capacity]
+        if not rest:
+            return own
+        unit_rows = CACHE_ROWS_PER_UNIT
+        budget = self.capacity_units * unit_rows * unit_dim * 4
+        taken = sum(own[t.name] * unit_rows * t.dim * 4 for t in tables.tables if t.name in own)
+        row_bytes = sum(t.dim * 4 for t in rest)
+        units = (budget - taken) // (row_bytes * unit_rows)
+        if units < 1:
+            names = ", ".join(t.name for t in rest)
+            raise ValueError(
+                f"--optimization-cache-capacity {self.capacity_units} ({budget} bytes: "
+                f"{self.capacity_units} units of {unit_rows} rows of --embedding-dim {unit_dim})"
+                + (f" less the {taken} bytes of the tables' own cache_capacity" if taken else "")
+                + f" leaves less than {unit_rows} rows for each of the tables {names} "
+                f"({unit_rows * row_bytes} bytes); raise it or give those tables a "
+                "cache_capacity of their own"
+            )
+        return {t.name: own.get(t.name, int(units)) for t in tables.tables}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cpu_dist.common.config import JobConfig
-from cpu_dist.common.job_file_checks import table_defaults_unused
+from cpu_dist.common.job_file_checks import job_file_of, table_defaults_unused
 
 
 def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
@@ -50,4 +50,12 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
         for dest in ("optimization_cache_capacity", "optimization_bypass_below"):
             if dest in given:
                 out.append(f"--{dest.replace('_', '-')} has no effect without --read-mode bagpipe")
+        job_file = job_file_of(a)
+        path = job_file.path if job_file is not None else ""
+        for entry in job_file.tables if job_file is not None else ():
+            if "cache_capacity" in entry:
+                out.append(
+                    f'{path}: [[tables]] "{entry.get("name")}": cache_capacity has no effect '
+                    "without --read-mode bagpipe"
+                )
     return out + table_defaults_unused(a, given)

@@ -61,6 +61,7 @@ TABLE_KEYS = (
     "expire_after",
     "eps",
     "pooling",
+    "cache_capacity",
 )
 SECTIONS = ("job", "tables", "model", "data")
 # The keys of [data] (any other is refused); [model] has name and the model's own arguments.
@@ -513,6 +514,7 @@ def _table(
         expire_after=expire if expire is not None else defaults.expire_after,
         eps=eps if eps is not None else TableConfig.eps,
         pooling=_choice_key(where, entry, "pooling", POOLINGS) or TableConfig.pooling,
+        cache_capacity=_int_key(where, entry, "cache_capacity", 0, 1 << 31) or 0,
     )
 
 

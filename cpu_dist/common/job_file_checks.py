@@ -118,14 +118,24 @@ def check_rows_budget(a: argparse.Namespace, tables: JobTables | None) -> None:
 
 
 def check_cache_tables(tables: JobTables | None) -> None:
-    """The cache stage (``--read-mode bagpipe``) serves the flags' one fused table only."""
-    if tables is not None:
-        many = f"{len(tables.tables)} tables" if len(tables.tables) > 1 else "a table"
-        raise JobFileError(
-            f"--read-mode bagpipe with {many} of a job file (--config {tables.source}): the "
-            "cache stage serves the flags' one fused table only for now (a later version "
-            "makes it per table); drop --read-mode bagpipe or the job file's [[tables]]"
-        )
+    """The cache stage (``--read-mode bagpipe``) mirrors each table's SGD on its cached rows:
+    every table of a job file must train with SGD and without admission or expiry."""
+    if tables is None:
+        return
+    for t in tables.tables:
+        where = f'--read-mode bagpipe with --config {tables.source}: [[tables]] "{t.name}"'
+        if t.optimizer != "sgd":
+            raise JobFileError(
+                f"{where}: optimizer {t.optimizer!r}: the cache supports 'sgd' only (it cannot "
+                "mirror an adaptive optimizer's PS-side state); give the table optimizer = "
+                "'sgd' or drop --read-mode bagpipe"
+            )
+        if t.has_rules:
+            raise JobFileError(
+                f"{where}: admit_after / expire_after: the cache's coherence rules assume every "
+                "gradient is applied to the PS rows; drop the table's rules or --read-mode "
+                "bagpipe"
+            )
 
 
 # The flags that are the defaults of a job file's tables, and the table key each stands for.

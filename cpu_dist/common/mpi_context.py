@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -190,6 +190,25 @@ def allgather_keys(comm: MPI.Intracomm, keys: np.ndarray) -> np.ndarray:
     out = np.empty(int(counts.sum()), dtype=np.int64)
     comm.Allgatherv(keys, [out, counts])
     return out
+
+
+def allgather_tables(comm: MPI.Intracomm, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per table, every rank's int64 keys concatenated in rank order: one exchange for all
+    tables (each rank's keys table after table, then cut back by every rank's counts)."""
+    names = list(parts)
+    counts = np.array([len(parts[n]) for n in names], dtype=np.int64)
+    every = np.asarray(comm.allgather(counts), dtype=np.int64).reshape(-1, len(names))
+    flat = allgather_keys(comm, np.concatenate([np.asarray(parts[n], np.int64) for n in names]))
+    # rank r's block is its keys of table 0, then of table 1, ...: table t's share of it
+    # starts at the block's start plus its counts of the tables before t
+    starts = np.concatenate([[0], np.cumsum(every.sum(axis=1))[:-1]])
+    inner = np.concatenate([np.zeros((len(every), 1), np.int64), np.cumsum(every, axis=1)], 1)
+    return {
+        name: np.concatenate(
+            [flat[starts[r] + inner[r, t] : starts[r] + inner[r, t + 1]] for r in range(len(every))]
+        )
+        for t, name in enumerate(names)
+    }
 
 
 def wait_all(comm: MPI.Intracomm, timeout_s: float, what: str, poll_s: float = 0.005) -> None:

@@ -81,6 +81,9 @@ class TableConfig:
     expire_after: int = 0
     eps: float = DEFAULT_EPS
     pooling: str = POOLINGS[0]
+    # The cache stage's rows of this table, in 64-row units (0: a share of the job's budget,
+    # ``CacheConfig.table_units``); a worker's setting, not the shard's spec.
+    cache_capacity: int = 0
 
     def __post_init__(self) -> None:
         if not self.init_scale:

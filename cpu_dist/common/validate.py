@@ -393,20 +393,26 @@ def _cache(
             "the cache keeps its rows equal to the PS rows by applying each step's update in "
             "order, which asynchronous commits do not give it"
         )
-    if train.sparse_optimizer != "sgd":
+    if tables is None and train.sparse_optimizer != "sgd":
         raise ConfigError(
             f"--read-mode bagpipe supports --sparse-optimizer sgd only, not "
             f"{train.sparse_optimizer}: the cache cannot mirror an adaptive optimizer's "
             "PS-side state"
         )
-    # Learning rates: the cache applies the same --sparse-lr that every commit packet carries,
-    # and a PS session rejects a packet whose lr differs from the session's.
-    return CacheConfig(
+    # Learning rates: each table's cache applies the lr that its part of every commit packet
+    # carries (--sparse-lr, or the table's lr), and a PS session rejects another.
+    cache = CacheConfig(
         prescan=a.optimization_prescan,
         capacity_units=a.optimization_cache_capacity,
         plan_window=a.optimization_plan_window,
         bypass_below=a.optimization_bypass_below,
     )
+    if tables is not None:
+        try:
+            cache.table_units(tables, a.embedding_dim)
+        except ValueError as exc:
+            raise ConfigError(f"--config {tables.source}: {exc}") from None
+    return cache
 
 
 def _checkpoint(a: argparse.Namespace) -> CheckpointConfig:

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 from mpi4py import MPI
 
-from cpu_dist.common.mpi_context import allgather_keys
+from cpu_dist.common.mpi_context import allgather_keys, allgather_tables
 from cpu_dist.common.sorted_keys import find_sorted
 
 
@@ -49,9 +49,14 @@ class Aggregation(Protocol):
         already knows it (then no id exchange happens); every worker passes one, or none."""
         ...
 
-    def reduce_tables(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TableOutgoing:
+    def reduce_tables(
+        self,
+        parts: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        unions: Mapping[str, np.ndarray] | None = None,
+    ) -> TableOutgoing:
         """:meth:`reduce` of every table of a step (``{table: (keys, grads)}``, the same
-        tables in the same order on every worker), with one exchange for all of them."""
+        tables in the same order on every worker), with one exchange for all of them;
+        ``unions``: every table's, as ``union`` of :meth:`reduce`."""
         ...
 
 
@@ -65,23 +70,8 @@ def key_union(comm: MPI.Intracomm, keys: np.ndarray) -> np.ndarray:
 
 
 def key_unions(comm: MPI.Intracomm, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per table, the sorted union of every worker's keys: one exchange for all tables (the
-    workers' keys concatenated in table order, then cut back by every worker's counts)."""
-    names = list(parts)
-    counts = np.array([len(parts[n]) for n in names], dtype=np.int64)
-    every = np.asarray(comm.allgather(counts), dtype=np.int64).reshape(-1, len(names))
-    flat = allgather_keys(comm, np.concatenate([np.asarray(parts[n], np.int64) for n in names]))
-    # worker w's block is its keys of table 0, then of table 1, ...: table t's share of it
-    # starts at the block's start plus its counts of the tables before t
-    starts = np.concatenate([[0], np.cumsum(every.sum(axis=1))[:-1]])
-    inner = np.concatenate([np.zeros((len(every), 1), np.int64), np.cumsum(every, axis=1)], 1)
-    out = {}
-    for t, name in enumerate(names):
-        pieces = [
-            flat[starts[w] + inner[w, t] : starts[w] + inner[w, t + 1]] for w in range(len(every))
-        ]
-        out[name] = np.unique(np.concatenate(pieces))
-    return out
+    """Per table, the sorted union of every worker's keys: one exchange for all tables."""
+    return {name: np.unique(keys) for name, keys in allgather_tables(comm, parts).items()}
 
 
 class PsAggregation:
@@ -98,13 +88,19 @@ class PsAggregation:
             union = key_union(self.comm, keys)
         return Outgoing(keys, grads, union, None)
 
-    def reduce_tables(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TableOutgoing:
-        unions = (
-            key_unions(self.comm, {n: k for n, (k, _) in parts.items()})
-            if self.exchange_ids
-            else dict.fromkeys(parts)
-        )
-        return {n: Outgoing(k, g, unions[n], None) for n, (k, g) in parts.items()}
+    def reduce_tables(
+        self,
+        parts: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        unions: Mapping[str, np.ndarray] | None = None,
+    ) -> TableOutgoing:
+        written: Mapping[str, np.ndarray | None]
+        if unions is not None:
+            written = unions
+        elif self.exchange_ids:
+            written = key_unions(self.comm, {n: k for n, (k, _) in parts.items()})
+        else:
+            written = dict.fromkeys(parts)
+        return {n: Outgoing(k, g, written[n], None) for n, (k, g) in parts.items()}
 
 
 class CollectiveAggregation:
@@ -129,10 +125,16 @@ class CollectiveAggregation:
         mine = (union % self.world) == self.rank
         return Outgoing(union[mine], summed[mine], union, summed)
 
-    def reduce_tables(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TableOutgoing:
-        """Every table's union in one exchange, every table's gradients in one all-reduce (a
-        flat float32 buffer, table after table, each ``[union, dim]`` row-major)."""
-        unions = key_unions(self.comm, {n: k for n, (k, _) in parts.items()})
+    def reduce_tables(
+        self,
+        parts: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        unions: Mapping[str, np.ndarray] | None = None,
+    ) -> TableOutgoing:
+        """Every table's union in one exchange (unless given), every table's gradients in one
+        all-reduce (a flat float32 buffer, table after table, each ``[union, dim]``
+        row-major)."""
+        if unions is None:
+            unions = key_unions(self.comm, {n: k for n, (k, _) in parts.items()})
         sizes = {n: len(unions[n]) * g.shape[1] for n, (_, g) in parts.items()}
         flat = np.zeros(sum(sizes.values()), dtype=np.float32)
         views: dict[str, np.ndarray] = {}

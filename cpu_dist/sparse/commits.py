@@ -292,26 +292,39 @@ class SparseCommitter:
         if then is not None:
             then(out)
 
-    def submit_tables(self, step: int, parts: TableGrads) -> TableOutgoing:
+    def submit_tables(
+        self,
+        step: int,
+        parts: TableGrads,
+        unions: Mapping[str, np.ndarray] | None = None,
+        then: Callable[[TableOutgoing], None] | None = None,
+    ) -> TableOutgoing:
         """:meth:`submit` of every table of a job's step at once (``{table: (keys, grads)}``,
-        the job's tables in their order): one aggregation and one set of chunks for all.  A
-        session of the one-table form (the default job) submits its one table as today."""
+        the job's tables in their order): one aggregation and one set of chunks for all.
+        ``unions`` and ``then`` as :meth:`submit`'s, per table.  A session of the one-table
+        form (the default job) submits its one table as :meth:`submit`."""
         if not self.session.table_lrs:
             ((name, (keys, grads)),) = parts.items()
-            return {name: self.submit(step, keys, grads)}
+            one = None if then is None else (lambda o: then({name: o}))
+            union = None if unions is None else unions[name]
+            return {name: self.submit(step, keys, grads, union=union, then=one)}
         self.drain()
         t0 = time.perf_counter()
-        out = self.aggregation.reduce_tables(parts)
+        out = self.aggregation.reduce_tables(parts, unions)
         self.exchange_s += time.perf_counter() - t0
         if self._pool is None:
-            self._hand_off_tables(step, out)
+            self._hand_off_tables(step, out, then)
         else:
-            self._tail = self._pool.submit(self._hand_off_tables, step, out)
+            self._tail = self._pool.submit(self._hand_off_tables, step, out, then)
         return out
 
-    def _hand_off_tables(self, step: int, out: TableOutgoing) -> None:
+    def _hand_off_tables(
+        self, step: int, out: TableOutgoing, then: Callable[[TableOutgoing], None] | None
+    ) -> None:
         self.rows_sent += sum(len(o.keys) for o in out.values())
         self.handoff.send_tables(step, {n: (o.keys, o.grads) for n, o in out.items()})
+        if then is not None:
+            then(out)
 
     def drain(self) -> None:
         """Wait for the background hand-off of the last step (a no-op otherwise).  What it

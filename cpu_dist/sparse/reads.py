@@ -178,3 +178,14 @@ class TableReads:
             return {name: self.client.pull(parts[name])}
         request: dict[str, npt.ArrayLike] = dict(parts)
         return self.client.pull_tables(request)
+
+
+class OneTableReads:
+    """One table of a :class:`TableReads` with a one-table client's ``pull(keys)``: what each
+    table's cache of the cache stage reads its rows with (its staging and its checks)."""
+
+    def __init__(self, reads: TableReads, name: str) -> None:
+        self.reads, self.name = reads, name
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        return self.reads.pull({self.name: keys})[self.name]

@@ -48,7 +48,7 @@ from cpu_dist.train.dump import model_arrays, write_dump
 from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.evaluation import evaluate_model
 from cpu_dist.train.job_model import build_job_model, model_args, model_name
-from cpu_dist.train.pipelines import make_committer, make_pipeline
+from cpu_dist.train.pipelines import CacheStage, make_committer, make_pipeline
 from cpu_dist.train.step_rows import Plans, dense_named_parameters, distribute
 
 # Workers meet after backward in a barrier that sleeps between polls: the wait for the slowest
@@ -148,7 +148,7 @@ class Worker:
         self.start = self.checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
         self.committer.start_at(self.start)
         self.pipeline = make_pipeline(
-            cfg, self.client, self.committer, self.comm, self.dataset, self.timer
+            cfg, self.client, self.committer, self.comm, self.dataset, self.timer, self._unique
         )
         self.done = self.start >= cfg.train.max_step  # a resume of a finished run
         self.log = metrics.RunLog(  # (which leaves the earlier run's logs as they are)
@@ -167,6 +167,10 @@ class Worker:
             hold=True,  # no batch is made during this thread's data phase (see release below)
             prepare=self._plan,
         )
+
+    def _unique(self, batch: Batch) -> dict[str, np.ndarray]:
+        """A batch's sorted unique keys per table (the cache stage's prescan)."""
+        return {name: unique for name, (unique, _) in self._plan(batch)[1].items()}
 
     def _plan(self, batch: Batch) -> tuple[KeyedJaggedTensor, Plans]:
         """A batch's features and each table's plan (on the loader's thread)."""
@@ -453,9 +457,12 @@ class Worker:
                     self.client.stats(), t.memory_rows > 0, t.admit_after > 1 or t.expire_after > 0
                 )
             )
-            tables = head.setdefault("tables", {})
+            tables: dict[str, dict[str, float]] = head.setdefault("tables", {})
             for name, figures in metrics.TableTraffic.figures(traffic, self.traffic.dims).items():
                 tables.setdefault(name, {"dim": self.traffic.dims[name]}).update(figures)
+            if isinstance(self.pipeline, CacheStage):  # worker 0's cache of each table
+                for name, cached in self.pipeline.table_figures().items():
+                    tables.setdefault(name, {}).update(cached)
             summary = {**head, **counters, **metrics.reduce_workers(everyone)}
             self.log.write({"summary": summary})
             print(metrics.summary_table(summary), flush=True)

@@ -198,6 +198,9 @@ def format_table(
 TABLE_FIGURES = ("rows", "rows_dram", "rows_ssd", "rows_admitted", "rows_expired", "bytes")
 # What the workers count per table (TableTraffic), summed over them, beside the shards' figures.
 TRAFFIC_FIGURES = ("ids_looked_up", "rows_read", "row_bytes_read")
+# Worker 0's cache of each table (``--read-mode bagpipe``): its size in rows, its lookups, hits
+# and hit rate.
+CACHE_FIGURES = ("cache_rows", "cache_lookups", "cache_hits", "cache_hit_rate")
 
 
 class TableTraffic:
@@ -307,8 +310,9 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     tables = summary.get("tables")
     if isinstance(tables, Mapping) and tables:
         columns: tuple[str, ...] = ("dim", *TABLE_FIGURES)
-        if any(k in t for t in tables.values() for k in TRAFFIC_FIGURES):
-            columns += TRAFFIC_FIGURES
+        for extra in (TRAFFIC_FIGURES, CACHE_FIGURES):
+            if any(k in t for t in tables.values() for k in extra):
+                columns += extra
         rows = [(name, *(t.get(k, 0) for k in columns)) for name, t in tables.items()]
         out.append(format_table(rows, ("table", *columns)))
     if phases:

@@ -55,12 +55,31 @@ def test_unsupported_settings_fail_at_start(argv, needle):
         validate(parse_args(argv), 3)
 
 
-def test_the_stage_refuses_a_job_file_s_tables_at_its_own_boundary():
-    from cpu_dist.common.config import CacheConfig, Config, JobConfig
-    from cpu_dist.common.tables import CATEGORICAL_FEATURES, JobTables, TableConfig
-    from gpu_cache import make_reader
+def test_each_table_gets_a_cache_of_its_width_lr_and_share():
+    from mpi4py import MPI
 
-    tables = JobTables((TableConfig("t", 8, CATEGORICAL_FEATURES),), source="job.toml")
-    cfg = Config(job=JobConfig(1, 1), cache=CacheConfig(), tables=tables)
-    with pytest.raises(ValueError, match=r"not the tables t of --config job\.toml"):
-        make_reader(cfg, None, None, None, None)  # type: ignore[arg-type]
+    from cpu_dist.common.config import CacheConfig, Config, JobConfig
+    from cpu_dist.common.tables import JobTables, TableConfig
+    from gpu_cache import make_readers
+
+    tables = JobTables(
+        (
+            TableConfig("narrow", 4, ("cat_0",), lr=0.5),
+            TableConfig("wide", 64, ("cat_1",), lr=0.25),
+            TableConfig("own", 16, ("cat_2",), lr=0.125, cache_capacity=3),
+        ),
+        data_features=("cat_0", "cat_1", "cat_2"),
+        source="job.toml",
+    )
+    cfg = Config(job=JobConfig(1, 1), cache=CacheConfig(capacity_units=100), tables=tables)
+    readers, planner = make_readers(cfg, None, None, MPI.COMM_SELF, None, None)  # type: ignore[arg-type]
+    assert list(readers) == ["narrow", "wide", "own"] and planner is not None
+    assert {n: (r.dim, r.lr) for n, r in readers.items()} == {
+        "narrow": (4, 0.5),
+        "wide": (64, 0.25),
+        "own": (16, 0.125),
+    }
+    # 100 units at --embedding-dim 64 (1638400 bytes) less own's 3 units of 16 floats (12288):
+    # 1626112 bytes for 68 floats a row, 93 units of 64 rows each
+    rows = {n: r.storage.capacity_rows for n, r in readers.items()}
+    assert rows == {"narrow": 93 * 64, "wide": 93 * 64, "own": 3 * 64}

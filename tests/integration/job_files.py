@@ -15,12 +15,13 @@ THREE_TABLES = (  # name, dim, optimizer, features
 
 def three_tables(**extra: Mapping[str, object]) -> str:
     """The ``[[tables]]`` of :data:`THREE_TABLES`, table ``name`` with the keys ``extra[name]``
-    (TOML scalars: strings, numbers)."""
+    (TOML scalars: strings, numbers; an ``optimizer`` there replaces the table's)."""
     out = []
     for name, dim, optimizer, features in THREE_TABLES:
+        keys = dict(extra.get(name, {}))
         cats = ", ".join(f'"cat_{i}"' for i in features)
         lines = ["[[tables]]", f'name = "{name}"', f"dim = {dim}", f"features = [{cats}]"]
-        lines.append(f'optimizer = "{optimizer}"')
-        lines += [f"{k} = {json.dumps(v)}" for k, v in extra.get(name, {}).items()]
+        lines.append(f'optimizer = "{keys.pop("optimizer", optimizer)}"')
+        lines += [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
         out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"

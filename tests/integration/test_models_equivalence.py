@@ -195,3 +195,52 @@ def test_the_cache_stage_over_a_multi_hot_fused_table_equals_the_reference(tmp_p
     cache = ["--read-mode", "bagpipe", "--optimization-prescan"]
     got = train(tmp_path, "cached", 2, 2, [*args, *cache], env={"GPU_CACHE_VERIFY": "1"})
     assert_close(got, want, 1e-5, "cache W=2 P=2")
+
+
+# The cache mirrors SGD only: every table trains with it here, the rest of every feature kind
+# as above; "wide" has a cache of its own (one 64-row unit), the others share the budget.
+CACHE_TABLE_KEYS = {
+    "narrow": {"lr": 0.2, "optimizer": "sgd"},
+    "mid": {"lr": 0.05, "num_embeddings": 500, "pooling": "mean", "optimizer": "sgd"},
+    "wide": {"lr": 0.01, "init_scale": 0.05, "optimizer": "sgd", "cache_capacity": 1},
+}
+# 11 units of 64 rows at --embedding-dim 8: 22528 bytes, less wide's 64 rows of 64 floats
+# (16384), leaves 6144 bytes: one unit for each of narrow and mid (64 * (4 + 16) * 4 = 5120).
+CACHE_UNITS = "11"
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["--bagpipe-aggregation", "ps"],
+        ["--bagpipe-aggregation", "collective", "--optimization-prescan"],
+    ],
+    ids=["online-ps", "prescan-collective"],
+)
+def test_the_cache_stage_per_table_equals_the_reference(tmp_path, mode):
+    """A cache per table (``--read-mode bagpipe``) over every feature kind at W=2, P=2: equal
+    to the reference, every cached row equal to its PS row at the end (GPU_CACHE_VERIFY), the
+    capacity split as documented (``CacheConfig.table_units``), and caches that evict."""
+    job_file = tmp_path / "cached_tables.toml"
+    job_file.write_text(three_tables(**CACHE_TABLE_KEYS) + DATA)
+    args = flags(job_file)
+    want = reference(args, tmp_path / "reference.npz")
+    metrics = tmp_path / "cached.jsonl"
+    cache = ["--read-mode", "bagpipe", "--optimization-cache-capacity", CACHE_UNITS, *mode]
+    got = train(
+        tmp_path,
+        "cached",
+        2,
+        2,
+        [*args, *cache, "--optimization-bypass-below", "0", "--metrics-out", str(metrics)],
+        env={"GPU_CACHE_VERIFY": "1"},
+    )
+    assert_close(got, want, 1e-5, f"cache per table W=2 P=2 {' '.join(mode)}")
+    summary = read_summary(metrics)
+    tables = summary["tables"]
+    assert {n: tables[n]["cache_rows"] for n in tables} == {"narrow": 64, "mid": 64, "wide": 64}
+    for name, t in tables.items():
+        assert 0 < t["cache_hits"] < t["cache_lookups"], f"{name}: {t}"
+    assert summary["cache_evictions"] > 0 and summary["cache_hits"] == sum(
+        t["cache_hits"] for t in tables.values()
+    )

@@ -65,3 +65,38 @@ def test_ps_aggregation_sends_its_own_rows_and_learns_the_unions_only_when_asked
     unions = key_unions(comm, {n: k for n, (k, _) in mine.items()})
     for name in DIMS:
         np.testing.assert_array_equal(asked[name].written, unions[name])
+
+
+def test_unions_given_by_the_caller_replace_the_exchange():
+    """The cache stage knows every table's union from its plans: both aggregations take them
+    as they are (the collective one gives what its own exchange would, exactly)."""
+    comm = MPI.COMM_WORLD
+    mine = _parts(comm.Get_rank())
+    unions = key_unions(comm, {n: k for n, (k, _) in mine.items()})
+    agg = CollectiveAggregation(comm)
+    given, exchanged = agg.reduce_tables(mine, unions), agg.reduce_tables(mine)
+    for name in DIMS:
+        for field in ("keys", "grads", "written", "summed"):
+            np.testing.assert_array_equal(
+                getattr(given[name], field), getattr(exchanged[name], field), err_msg=name
+            )
+    ps = PsAggregation(comm).reduce_tables(mine, unions)
+    for name in DIMS:
+        assert ps[name].written is unions[name]
+
+
+def test_the_cache_plans_every_table_with_one_exchange_as_each_alone():
+    from gpu_cache.plans import OnlinePlanner, OnlineTablesPlanner
+
+    comm = MPI.COMM_WORLD
+    mine = {n: k for n, (k, _) in _parts(comm.Get_rank()).items()}
+    together = OnlineTablesPlanner(comm).plan(3, mine)
+    alone = OnlinePlanner(comm)
+    assert list(together) == list(DIMS)
+    for name, keys in mine.items():
+        want = alone.plan(3, keys)
+        got = together[name]
+        assert got.step == 3 and got.scores is None and got.prev is None
+        np.testing.assert_array_equal(got.keys, keys)
+        np.testing.assert_array_equal(got.union, want.union)
+        np.testing.assert_array_equal(got.shared, want.shared)

@@ -306,21 +306,6 @@ def test_a_missing_job_file_is_named(capsys):
     assert "--config /nonexistent/job.toml: no such file" in capsys.readouterr().err
 
 
-def test_multi_table_jobs_refuse_the_cache_stage_and_a_row_budget(refused, job):
-    assert "the cache stage serves the flags' one fused table" in refused(
-        two_tables(), "--read-mode", "bagpipe"
-    )
-    assert "--ps-memory-bytes" in refused(two_tables(), "--ps-memory-rows", "100")
-    cfg = job(two_tables(), "--ps-memory-bytes", "1000000", "--ps-ssd-dir", "ssd")
-    assert cfg.table.memory_bytes == 1000000 and cfg.table.memory_rows == 0
-    from cpu_dist.common.validate import ConfigError
-
-    with pytest.raises(ConfigError, match="--ps-memory-bytes 1000000 needs --ps-ssd-dir"):
-        validate(parse_args(["--ps-memory-bytes", "1000000"]), 3)
-    with pytest.raises(ConfigError, match="give one DRAM budget"):
-        validate(parse_args(["--ps-memory-bytes", "10", "--ps-memory-rows", "1"]), 3)
-
-
 def test_the_job_file_checks_are_one_module_whose_errors_validate_reports_as_they_are(
     refused, job, tmp_path
 ):
@@ -334,21 +319,113 @@ def test_the_job_file_checks_are_one_module_whose_errors_validate_reports_as_the
     with pytest.raises(JobFileError) as direct:
         check_rows_budget(parse_args(["--ps-memory-rows", "100"]), tables)
     assert refused(two_tables(), "--ps-memory-rows", "100") == str(direct.value)
+    adagrad = two_tables(optimizer="adagrad")
     with pytest.raises(JobFileError) as cache:
-        check_cache_tables(tables)
-    assert refused(two_tables(), "--read-mode", "bagpipe") == str(cache.value)
+        check_cache_tables(job(adagrad).tables)
+    assert refused(adagrad, "--read-mode", "bagpipe") == str(cache.value)
     check_rows_budget(parse_args(["--ps-memory-rows", "100"]), None)  # no job file: no refusal
     check_cache_tables(None)
+    check_cache_tables(tables)  # SGD tables without rules: the cache mirrors them
     from cpu_dist.common.validate import ConfigError
 
     with pytest.raises(ConfigError, match="give one DRAM budget"):
         job(two_tables(), "--ps-memory-rows", "1", "--ps-memory-bytes", "10")
 
 
-def test_one_table_of_a_job_file_refuses_the_cache_stage_too(refused):
-    # its keys are the features' own ids, its lr and width its own: not what the cache mirrors
-    message = refused(toml_tables({"name": "t", "features": ALL}), "--read-mode", "bagpipe")
-    assert "--read-mode bagpipe with a table of a job file" in message
+def test_multi_table_jobs_refuse_a_row_budget(refused, job):
+    assert "--ps-memory-bytes" in refused(two_tables(), "--ps-memory-rows", "100")
+    cfg = job(two_tables(), "--ps-memory-bytes", "1000000", "--ps-ssd-dir", "ssd")
+    assert cfg.table.memory_bytes == 1000000 and cfg.table.memory_rows == 0
+    from cpu_dist.common.validate import ConfigError
+
+    with pytest.raises(ConfigError, match="--ps-memory-bytes 1000000 needs --ps-ssd-dir"):
+        validate(parse_args(["--ps-memory-bytes", "1000000"]), 3)
+    with pytest.raises(ConfigError, match="give one DRAM budget"):
+        validate(parse_args(["--ps-memory-bytes", "10", "--ps-memory-rows", "1"]), 3)
+
+
+def test_the_cache_stage_serves_a_job_files_sgd_tables_and_refuses_what_it_cannot_mirror(
+    refused, job
+):
+    cfg = job(two_tables(), "--read-mode", "bagpipe")
+    assert cfg.cache is not None and [t.optimizer for t in cfg.tables.tables] == ["sgd", "sgd"]
+    # --sparse-optimizer is only the tables' default: tables that say sgd are served
+    both_sgd = toml_tables(
+        {"name": "a", "features": ALL[:2], "optimizer": "sgd"},
+        {"name": "b", "features": ALL[2:], "optimizer": "sgd"},
+    )
+    cfg = job(both_sgd, "--read-mode", "bagpipe", "--sparse-optimizer", "adagrad")
+    assert cfg.cache is not None
+    message = refused(two_tables(optimizer="rowwise_adagrad"), "--read-mode", "bagpipe")
+    assert "[[tables]] \"a\": optimizer 'rowwise_adagrad'" in message and "'sgd' only" in message
+    message = refused(two_tables(expire_after=5), "--read-mode", "bagpipe")
+    assert '[[tables]] "a": admit_after / expire_after' in message
+    message = refused(two_tables(), "--read-mode", "bagpipe", "--sparse-optimizer", "adagrad")
+    assert "[[tables]] \"a\": optimizer 'adagrad'" in message  # the flag's default reached "a"
+
+
+def test_a_table_may_give_its_own_cache_capacity(refused, job):
+    cfg = job(two_tables(cache_capacity=3), "--read-mode", "bagpipe")
+    assert [t.cache_capacity for t in cfg.tables.tables] == [3, 0]
+    assert job(two_tables(cache_capacity=0)).tables.tables[0].cache_capacity == 0  # a share
+    assert "cache_capacity -1: must be in 0.." in refused(two_tables(cache_capacity=-1))
+    assert "cache_capacity: expected an integer" in refused(two_tables(cache_capacity=1.5))
+
+
+def test_the_cache_budget_splits_by_row_bytes_after_the_tables_own():
+    from cpu_dist.common.config import CacheConfig
+    from cpu_dist.common.tables import JobTables, TableConfig
+
+    def tables(*specs):
+        return JobTables(
+            tuple(
+                TableConfig(name=n, dim=d, features=(f"cat_{i}",), cache_capacity=c)
+                for i, (n, d, c) in enumerate(specs)
+            ),
+            data_features=tuple(f"cat_{i}" for i in range(len(specs))),
+        )
+
+    cache = CacheConfig(capacity_units=100)
+    # 100 units of 64 rows at dim 16: 409600 bytes; 4 + 16 + 64 floats a row: 336 bytes
+    split = cache.table_units(tables(("a", 4, 0), ("b", 16, 0), ("c", 64, 0)), 16)
+    assert split == {"a": 19, "b": 19, "c": 19}  # 409600 // (336 * 64): the same rows each
+    # "c" takes 10 units of 64 rows of 64 floats (163840 bytes) off the budget first
+    split = cache.table_units(tables(("a", 4, 0), ("b", 16, 0), ("c", 64, 10)), 16)
+    assert split == {"a": 48, "b": 48, "c": 10}  # (409600 - 163840) // (80 * 64)
+    # the flags' one table of the flag's width keeps exactly the flag's units
+    assert cache.table_units(tables(("embedding", 16, 0)), 16) == {"embedding": 100}
+    # tables that all give their own ignore the budget
+    assert cache.table_units(tables(("a", 64, 500), ("b", 4, 1)), 16) == {"a": 500, "b": 1}
+    with pytest.raises(ValueError, match="leaves less than 64 rows for each of the tables a, b"):
+        cache.table_units(tables(("a", 4, 0), ("b", 16, 0), ("c", 64, 100)), 16)
+
+
+def test_a_cache_budget_too_small_for_the_tables_is_refused(refused):
+    message = refused(
+        two_tables(cache_capacity=1000),
+        "--read-mode",
+        "bagpipe",
+        "--optimization-cache-capacity",
+        "1",
+    )
+    assert "--optimization-cache-capacity 1" in message and "tables b" in message
+
+
+def test_a_tables_cache_capacity_without_the_cache_is_warned_about(tmp_path):
+    from cpu_dist.common.config import JobConfig
+    from cpu_dist.common.flag_warnings import ineffective_flags
+
+    path = tmp_path / "job.toml"
+    path.write_text(two_tables(cache_capacity=2))
+    warned = ineffective_flags(
+        parse_args(["--config", str(path)]), JobConfig(worker_num=1, num_ps_ranks=1)
+    )
+    assert f'{path}: [[tables]] "a": cache_capacity has no effect without --read-mode bagpipe' in (
+        warned
+    )
+    assert not ineffective_flags(
+        parse_args(["--config", str(path), "--read-mode", "bagpipe"]), JobConfig(1, 1)
+    )
 
 
 def test_adagrad_is_a_sparse_optimizer_flag():

@@ -16,8 +16,8 @@ all tables, and every table of a step is pulled in one request per shard per
 ``CatchUpPipeline``       collective aggregation, pipelined or async: the next step's rows are
                           pulled during the whole step and the worker applies the commits they
                           miss itself (``catch_up.py``), so reads wait for no commit.
-``CacheStage``            ``--read-mode bagpipe``: ``gpu_cache``'s bounded row cache in front
-                          of the PS, kept coherent with it (``cache.py``).
+``CacheStage``            ``--read-mode bagpipe``: ``gpu_cache``'s bounded row cache of each
+                          table in front of the PS, kept coherent with it (``cache.py``).
 
 ``choose.py`` is the one place that maps the flags to a strategy (:func:`sparse_mode`), for
 the committer and the pipeline alike.  Like TorchRec's train pipelines behind ``progress()``,

@@ -5,7 +5,7 @@ aggregation, hand-off and thread) and the step pipeline are both built from one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from mpi4py import MPI
 
@@ -21,6 +21,9 @@ from cpu_dist.train.pipelines.base import DirectPipeline, StepPipeline
 from cpu_dist.train.pipelines.cache import CacheStage
 from cpu_dist.train.pipelines.catch_up import CatchUpPipeline, CatchUpTable
 from cpu_dist.train.pipelines.early import AsyncPrefetchPipeline, EarlyPullPipeline
+
+if TYPE_CHECKING:
+    from gpu_cache import TableKeysOf
 
 Strategy = Literal["cache", "catch_up", "early_pull", "async_prefetch", "direct"]
 
@@ -95,18 +98,22 @@ def make_pipeline(
     comm: MPI.Intracomm,
     dataset: Dataset,
     timer: PhaseTimer,
+    keys_of: TableKeysOf | None = None,
 ) -> StepPipeline:
     """The job's step pipeline: every strategy over the job's tables, the default job's one
-    (``embedding``) in the one-table wire form."""
+    (``embedding``) in the one-table wire form.  ``keys_of``: a batch's sorted unique keys
+    per table, as the model's collections look them up (the cache's prescan reads them)."""
     strategy = sparse_mode(cfg).strategy
     fused, timeout_s = cfg.tables.fused, cfg.client.rpc_timeout_s
-    if strategy == "cache":
-        from gpu_cache import make_reader
-
-        return CacheStage(make_reader(cfg, client, committer, comm, dataset, timer), TABLE)
     names = [TABLE] if fused else list(cfg.tables.names)
     dims = {TABLE: client.dim} if fused else cfg.tables.dims
     reads = TableReads(client, names, one_table=fused)
+    if strategy == "cache":
+        from gpu_cache import make_readers
+
+        assert keys_of is not None, "the cache stage needs the batches' keys per table"
+        readers, planner = make_readers(cfg, reads, committer, comm, dataset, keys_of)
+        return CacheStage(readers, reads, committer, planner, timer)
     if strategy == "catch_up":
         tables = [CatchUpTable(t.name, t.dim, t.optimizer, t.lr, t.eps) for t in cfg.tables.tables]
         if fused:  # the session's one-table form: its lr and optimizer
