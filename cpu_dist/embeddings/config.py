@@ -140,7 +140,8 @@ class EmbeddingBagConfig:
     weight_init_max: float | None = None
     weight_init_min: float | None = None
     pooling: PoolingType = PoolingType.SUM
-    # Ours: a [[tables]] entry's keys (cpu_dist/common/job_file.py TABLE_KEYS).
+    # Ours: a [[tables]] entry's keys (cpu_dist/common/job_file.py TABLE_KEYS), but
+    # cache_capacity, which sizes a job's worker-side cache and is not the table's.
     optimizer: str = OPTIMIZERS[0]
     lr: float = DEFAULT_LR
     init_scale: float = 0.0
