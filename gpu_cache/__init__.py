@@ -108,6 +108,7 @@ def make_readers(
             dim=t.dim,
             capacity_units=units[t.name],
             lr=t.lr,
+            schedule=cfg.train.schedule,
             aggregation=cfg.train.aggregation,
             world=world,
             bypass=LowHitBypass(cache.bypass_below),

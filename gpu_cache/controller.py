@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from cpu_dist.common.schedule import CONSTANT, LrSchedule
 from cpu_dist.common.sorted_keys import find_sorted
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.sparse.aggregation import Outgoing
@@ -126,11 +127,13 @@ class CachedRowReader:
         device=None,
         bypass: LowHitBypass | None = None,
         phases: PhaseTimer | None = None,
+        schedule: LrSchedule = CONSTANT,
     ) -> None:
         self.client, self.committer, self.planner = client, committer, planner
         self.storage = RowStorage(capacity_units, dim, device)
         self.meta = BagPipeCacheMetadata(self.storage.capacity_rows)
         self.lr, self.aggregation, self.world, self.dim = float(lr), aggregation, world, dim
+        self.schedule = schedule  # step t's copies take step t's rate, as its commit
         self._plan: StepPlan | None = None
         self.bypass = bypass if bypass is not None else LowHitBypass(0.0)
         self._pool = cf.ThreadPoolExecutor(1) if planner.prescan else None  # staging
@@ -343,26 +346,27 @@ class CachedRowReader:
         return plan.union, cohere
 
     def _coherence(self, out: Outgoing, plan, keys, grads, staged: StagedRows | None) -> None:
+        lr = self.schedule.rate(self.lr, plan.step)
         if self.aggregation == "collective":
             union, summed = out.written, out.summed
             assert union is not None and summed is not None
             self.stats["local_updates"] += coherence.after_collective_commit(
-                self.meta, self.storage, union, summed, self.lr, self.world
+                self.meta, self.storage, union, summed, lr, self.world
             )
             if staged is not None and staged.rows is not None:
                 self.stats["staged_updates"] += coherence.update_staged(
-                    staged.keys, staged.rows, union, summed, self.lr, self.world
+                    staged.keys, staged.rows, union, summed, lr, self.world
                 )
         else:
             updated, dropped = coherence.after_ps_commit(
-                self.meta, self.storage, plan, grads, self.lr, self.world
+                self.meta, self.storage, plan, grads, lr, self.world
             )
             self.stats["local_updates"] += updated
             self.stats["invalidations"] += dropped
             if staged is not None and staged.rows is not None:
                 mine = ~plan.shared
                 self.stats["staged_updates"] += coherence.update_staged(
-                    staged.keys, staged.rows, keys[mine], grads[mine], self.lr, self.world
+                    staged.keys, staged.rows, keys[mine], grads[mine], lr, self.world
                 )
 
     # -- the rest of the step pipeline -------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cpu_dist.common.contracts import default_init_scale
+from cpu_dist.common.schedule import LrSchedule
 from cpu_dist.common.tables import DEFAULT_LR, FROM_FLAGS, JobTables, flag_table
 
 # The built-in models' names (``--model``), the first the default: the keys of
@@ -127,6 +128,23 @@ class TrainConfig:
     sparse_sync: str = "pipelined"  # "pipelined", "barrier" or "async"
     max_staleness: int = 2  # async: a read of step t waits only for commit t-1-K
     dense_sync: str = "allreduce"  # "allreduce" or "reduce_scatter" (ZeRO-1)
+    # The learning-rate schedule of every rate (dense, sparse, each table): LrSchedule's
+    # fields (cpu_dist/common/schedule.py); all 0: constant rates.
+    lr_warmup_steps: int = 0
+    lr_decay_start: int = 0
+    lr_decay_steps: int = 0
+    lr_decay_power: float = 2.0
+    lr_min: float = 1e-7
+
+    @property
+    def schedule(self) -> LrSchedule:
+        return LrSchedule(
+            self.lr_warmup_steps,
+            self.lr_decay_start,
+            self.lr_decay_steps,
+            self.lr_decay_power,
+            self.lr_min,
+        )
 
 
 @dataclass(frozen=True)

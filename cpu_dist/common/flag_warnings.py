@@ -34,6 +34,9 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
         ("ps_ssd_dir", external, "--ps-ssd-dir", "PS ranks in the job"),
         ("dcn_num_layers", a.model != "dcnv2", "--dcn-num-layers", "--model dcnv2"),
         ("dcn_low_rank_dim", a.model != "dcnv2", "--dcn-low-rank-dim", "--model dcnv2"),
+        ("lr_decay_start", a.lr_decay_steps == 0, "--lr-decay-start", "--lr-decay-steps"),
+        ("lr_decay_power", a.lr_decay_steps == 0, "--lr-decay-power", "--lr-decay-steps"),
+        ("lr_min", a.lr_decay_steps == 0, "--lr-min", "--lr-decay-steps"),
         (
             "optimization_plan_window",
             not a.optimization_prescan,

@@ -239,6 +239,15 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--lr", type=float, default=TrainConfig.lr)
     t.add_argument("--sparse-lr", type=float, default=None, help="default: --lr")
+    for flag, kind, help_ in (
+        ("--lr-warmup-steps", int, "linear warmup of every rate over the first N steps"),
+        ("--lr-decay-start", int, "the step count at which the polynomial decay starts"),
+        ("--lr-decay-steps", int, "the decay's length in steps (0: no decay)"),
+        ("--lr-decay-power", float, "the decay's exponent (MLPerf's 2)"),
+        ("--lr-min", float, "the floor of every decayed rate (MLPerf's 1e-7)"),
+    ):
+        dest = flag[2:].replace("-", "_")
+        t.add_argument(flag, type=kind, default=getattr(TrainConfig, dest), help=help_)
     t.add_argument(
         "--dense-optimizer", default=TrainConfig.dense_optimizer, choices=["sgd", "adamw"]
     )

@@ -189,6 +189,7 @@ def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
     _positive(a.sparse_lr, "--sparse-lr")
     if not 0 <= a.max_staleness <= 63:
         raise ConfigError(f"--max-staleness {a.max_staleness}: must be in 0..63")
+    _schedule(a)
     return TrainConfig(
         batch_size=a.batch_size,
         max_step=a.max_step if a.max_step is not None else TrainConfig.max_step,
@@ -202,7 +203,28 @@ def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
         sparse_sync=a.sparse_sync,
         max_staleness=a.max_staleness,
         dense_sync=a.dense_sync,
+        lr_warmup_steps=a.lr_warmup_steps,
+        lr_decay_start=a.lr_decay_start,
+        lr_decay_steps=a.lr_decay_steps,
+        lr_decay_power=a.lr_decay_power,
+        lr_min=a.lr_min,
     )
+
+
+def _schedule(a: argparse.Namespace) -> None:
+    """The learning-rate schedule's flags, each named where it is wrong."""
+    for flag in ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
+        if getattr(a, flag) < 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} {getattr(a, flag)}: must be >= 0")
+    if a.lr_decay_steps and a.lr_decay_start < a.lr_warmup_steps:
+        raise ConfigError(
+            f"--lr-decay-start {a.lr_decay_start}: the decay must start after the warmup "
+            f"(--lr-warmup-steps {a.lr_warmup_steps}) ends"
+        )
+    if not (math.isfinite(a.lr_decay_power) and a.lr_decay_power > 0):
+        raise ConfigError(f"--lr-decay-power {a.lr_decay_power}: must be a positive number")
+    if not (math.isfinite(a.lr_min) and a.lr_min >= 0):
+        raise ConfigError(f"--lr-min {a.lr_min}: must be a number >= 0")
 
 
 def _hash_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:

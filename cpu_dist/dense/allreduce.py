@@ -77,3 +77,10 @@ def make_dense_optimizer(
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
     raise ValueError(f"--dense-optimizer {name!r}: expected sgd or adamw")
+
+
+def set_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """This step's learning rate (a schedule's, ``cpu_dist.common.schedule``) on every
+    parameter group: the job's workers and the reference set it the same way."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 from mpi4py import MPI
 
-from cpu_dist.dense.allreduce import GradientBuckets, make_dense_optimizer
+from cpu_dist.dense.allreduce import GradientBuckets, make_dense_optimizer, set_rate
 
 
 class DenseSync(Protocol):
@@ -36,8 +36,9 @@ class DenseSync(Protocol):
         """Average the gradients across workers (each worker keeps what it updates)."""
         ...
 
-    def step(self) -> None:
-        """Apply the optimizer; afterwards every worker holds every updated parameter."""
+    def step(self, lr: float | None = None) -> None:
+        """Apply the optimizer (at rate ``lr``: the step's scheduled one; None: as set);
+        afterwards every worker holds every updated parameter."""
         ...
 
     def optimizer_state(self) -> dict[str, Any]:
@@ -77,7 +78,9 @@ class AllreduceSync:
     def reduce(self) -> None:
         self.buckets.allreduce_mean()
 
-    def step(self) -> None:
+    def step(self, lr: float | None = None) -> None:
+        if lr is not None:
+            set_rate(self.optimizer, lr)
         self.optimizer.step()
 
     def optimizer_state(self) -> dict[str, Any]:
@@ -131,7 +134,9 @@ class ReduceScatterSync:
             self.shard.grad.div_(self.world)
         self.bytes_reduced += self.flat_grad.numel() * self.flat_grad.element_size()
 
-    def step(self) -> None:
+    def step(self, lr: float | None = None) -> None:
+        if lr is not None:
+            set_rate(self.optimizer, lr)
         self.optimizer.step()
         self.comm.Allgather(MPI.IN_PLACE, self.flat_param.numpy())
 

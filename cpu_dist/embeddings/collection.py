@@ -9,7 +9,7 @@ and the all-reduce see) and a 40M-row table costs only the rows a run touches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -265,13 +265,14 @@ class EmbeddingBagCollection(nn.Module):
         values = pooled[0] if len(pooled) == 1 else torch.cat(pooled, 1)
         return KeyedTensor(self._embedding_names, self._widths, values)
 
-    def sparse_step(self, lr: float | None = None) -> dict[str, int]:
+    def sparse_step(self, lr: float | Mapping[str, float] | None = None) -> dict[str, int]:
         """Train the local rows: each table's optimizer (``contracts.sparse_update``) on the
         rows the forwards since the last step used, with the gradients ``backward()`` left
         on them (summed per id).  Call it beside the dense optimizer's ``step()``.
 
         Args:
-            lr: one learning rate for every table (default: each table's ``lr``).
+            lr: one learning rate for every table, or one per table name (a schedule's
+                rates); default: each table's ``lr``.
 
         Returns:
             The number of rows updated, per table.
@@ -364,7 +365,9 @@ def collections_of(model: nn.Module) -> list[tuple[str, EmbeddingBagCollection]]
     return [(n, m) for n, m in model.named_modules() if isinstance(m, EmbeddingBagCollection)]
 
 
-def sparse_step(model: nn.Module, lr: float | None = None) -> dict[str, dict[str, int]]:
+def sparse_step(
+    model: nn.Module, lr: float | Mapping[str, float] | None = None
+) -> dict[str, dict[str, int]]:
     """:meth:`EmbeddingBagCollection.sparse_step` on every collection of ``model`` (call it
     beside the dense optimizer's ``step()``): ``{collection's qualified name: rows updated
     per table}``.

@@ -487,11 +487,12 @@ class LocalRows:
         for table in self.tables.values():
             table.discard_fresh()
 
-    def sparse_step(self, lr: float | None = None) -> dict[str, int]:
+    def sparse_step(self, lr: float | Mapping[str, float] | None = None) -> dict[str, int]:
         """Apply each table's optimizer, under its rules, to the rows the forwards since the
         last step used, with the gradients backward left on them (summed per id over
-        forwards; zeros where none), then forget them.  ``lr``: every table's rate (default:
-        each table's own).  Returns the rows updated per table."""
+        forwards; zeros where none), then forget them.  ``lr``: every table's rate, or a
+        rate per table (a schedule's; default: each table's own).  Returns the rows updated
+        per table."""
         parts: dict[str, list[tuple[np.ndarray, torch.Tensor | None]]] = {}
         for table, ids, rows in self._handed:
             parts.setdefault(table, []).append((ids, rows.grad))
@@ -500,6 +501,7 @@ class LocalRows:
         for name, lazy in self.tables.items():
             spec = self.specs[name]
             ids, g = _summed(parts.get(name, []), lazy.dim)
-            updated[name] = lazy.commit(ids, g, spec.lr if lr is None else lr)
+            rate = lr.get(name, spec.lr) if isinstance(lr, Mapping) else lr
+            updated[name] = lazy.commit(ids, g, spec.lr if rate is None else rate)
         self._step += 1
         return updated

@@ -23,7 +23,7 @@ from cpu_dist.common.config import Config
 from cpu_dist.data import Batch, Dataset, dataset_for, train_batches
 from cpu_dist.data.features import BatchFeatures
 from cpu_dist.data.run_length import run_length
-from cpu_dist.dense.allreduce import make_dense_optimizer
+from cpu_dist.dense.allreduce import make_dense_optimizer, set_rate
 from cpu_dist.embeddings import collections_of
 from cpu_dist.train.dump import model_arrays
 from cpu_dist.train.job_model import build_job_model
@@ -74,8 +74,11 @@ class ReferenceTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self._logits(batch), torch.from_numpy(batch.labels).to(self.dtype))
         loss.backward()
-        for ebc in self.collections:
-            ebc.sparse_step()
+        schedule, t = self.cfg.train.schedule, self.t
+        for ebc in self.collections:  # each table at its scheduled rate, as its commit
+            ebc.sparse_step({c.name: schedule.rate(c.lr, t) for c in ebc.embedding_bag_configs()})
+        if not schedule.constant:
+            set_rate(self.optimizer, schedule.rate(self.cfg.train.lr, t))
         self.optimizer.step()
         self.t += 1
         return float(loss.item())

@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 
+from cpu_dist.common.schedule import CONSTANT, LrSchedule
 from cpu_dist.common.sorted_keys import find_sorted
 from cpu_dist.sparse import _ps
 
@@ -32,6 +33,7 @@ class _Step:
     step: int
     written: np.ndarray  # sorted keys the step's commit writes
     sums: np.ndarray  # their summed gradients as the shard receives them, float32
+    lr: float  # the step's rate (its commit carries it)
 
 
 class RecentCommits:
@@ -45,11 +47,14 @@ class RecentCommits:
         world: int,
         compression: Literal["none", "fp16", "int8"] = "none",
         eps: float = 1e-8,
+        schedule: LrSchedule = CONSTANT,
     ) -> None:
-        """``eps``: Adagrad's (a table's spec; the other optimizers' is the shard's own)."""
+        """``eps``: Adagrad's (a table's spec; the other optimizers' is the shard's own);
+        ``schedule``: each step is applied at its scheduled rate of ``lr``, as its commit."""
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.lr, self.optimizer, self.world, self.eps = lr, optimizer, world, eps
+        self.schedule = schedule
         self.compression, self.depth = compression, depth
         self._steps: deque[_Step] = deque(maxlen=depth)
 
@@ -66,7 +71,8 @@ class RecentCommits:
         if self.compression != "none":  # what the shard decodes from the compressed commit
             dim = summed.shape[1]
             sums = _ps.decode_rows(_ps.encode_rows(summed, self.compression), dim, self.compression)
-        self._steps.append(_Step(step, written, np.ascontiguousarray(sums, dtype=np.float32)))
+        sums = np.ascontiguousarray(sums, dtype=np.float32)
+        self._steps.append(_Step(step, written, sums, self.schedule.rate(self.lr, step)))
 
     def covers(self, held: np.ndarray, upto: int) -> np.ndarray:
         """Bool per row: every step in (held, upto] is held here (or none is needed)."""
@@ -98,10 +104,10 @@ class RecentCommits:
             st = None if states is None else np.ascontiguousarray(states[pick])
             if self.optimizer == "adagrad":  # element-wise state [u, dim] and the table's eps
                 _ps.apply_rows(
-                    sub, s.sums[at[pick]], self.lr, self.optimizer, self.world, st, eps=self.eps
+                    sub, s.sums[at[pick]], s.lr, self.optimizer, self.world, st, eps=self.eps
                 )
             else:
-                _ps.apply_rows(sub, s.sums[at[pick]], self.lr, self.optimizer, self.world, st)
+                _ps.apply_rows(sub, s.sums[at[pick]], s.lr, self.optimizer, self.world, st)
             rows[pick] = sub
             if states is not None:
                 states[pick] = st

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cpu_dist.common.schedule import CONSTANT, LrSchedule
 from cpu_dist.sparse import Client, Handle
 from cpu_dist.sparse.aggregation import Aggregation, Outgoing, TableOutgoing
 
@@ -68,12 +69,15 @@ class CommitSession:
         optimizer: str,
         barrier_timeout_s: float,
         table_lrs: Mapping[str, float] | None = None,
+        schedule: LrSchedule = CONSTANT,
     ) -> None:
         """``table_lrs``: a job of named tables, each table's learning rate (``lr`` and
-        ``optimizer`` are then the one-table form's, unused by :meth:`send_tables`)."""
+        ``optimizer`` are then the one-table form's, unused by :meth:`send_tables`).
+        ``schedule``: each step's chunks carry the scheduled rates of their job step."""
         self.client, self.id, self.rank, self.world = client, session_id, rank, world
         self.lr, self.optimizer, self.barrier_timeout_s = lr, optimizer, barrier_timeout_s
         self.table_lrs = dict(table_lrs or {})
+        self.schedule = schedule
         self.base = 0  # the job step that is the session's step 0 (a resumed job's first)
         self.waits = WaitClock()
         self._lock = threading.Lock()
@@ -105,7 +109,7 @@ class CommitSession:
             self.world,
             keys,
             grads,
-            self.lr,
+            self.schedule.rate(self.lr, step),
             self.optimizer,
             max_ahead=max_ahead,
             base_step=self.base,  # admission and expiry count job steps
@@ -115,7 +119,8 @@ class CommitSession:
         """:meth:`send` of every table of ``step`` in one set of chunks (tables with no rows
         are named too, so every shard knows the step covers them)."""
         request: dict[str, Any] = {
-            name: (keys, grads, self.table_lrs[name]) for name, (keys, grads) in parts.items()
+            name: (keys, grads, self.schedule.rate(self.table_lrs[name], step))
+            for name, (keys, grads) in parts.items()
         }
         return self.client.commit_tables_async(
             self.id,

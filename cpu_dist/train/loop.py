@@ -263,11 +263,12 @@ class Worker:
             self.pipeline.prefetch(step + 1, {n: p[0] for n, p in ahead[1].items()})
         return ahead
 
-    def _dense_step(self) -> None:
+    def _dense_step(self, step: int) -> None:
         with self.timer("allreduce"):  # reduce (or reduce-scatter) the dense gradients
             self.dense.reduce()
         with self.timer("optimizer"):  # (and all-gather the parameters, under reduce_scatter)
-            self.dense.step()
+            t = self.cfg.train
+            self.dense.step(None if t.schedule.constant else t.schedule.rate(t.lr, step))
 
     def _close(self, stop_shards: bool) -> None:
         """The workers' last meeting; worker 0 then stops the job's own shards."""
@@ -316,7 +317,7 @@ class Worker:
             loss, ahead = self._train_step(step, prepared)
             if not self.pipeline.prefetch_early and step + 1 < cfg.train.max_step:
                 ahead = self._ahead(step)  # the pipeline may start reading step + 1
-            self._dense_step()
+            self._dense_step(step)
             window.samples += cfg.train.batch_size
             window.add_loss(loss.item())
             self.checkpointer.after_step(step)  # --checkpoint-every: at this step boundary

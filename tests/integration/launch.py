@@ -19,6 +19,7 @@ from cpu_dist.common.flags import parse_args
 from cpu_dist.common.launch_env import mpi_env
 from cpu_dist.common.validate import validate
 from cpu_dist.reference import train_reference
+from cpu_dist.train.dump import table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 MPI_ENV = {**mpi_env(), "PYTHONUNBUFFERED": "1"}  # this environment + scripts/env.sh
@@ -233,3 +234,26 @@ def train(
             )
     with np.load(out) as z:
         return {k: z[k] for k in z.files}
+
+
+def cli_reference(args: Sequence[str], out: Path) -> dict:
+    """``python -m cpu_dist.reference`` on a job's flags: its ``--dump-state``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cpu_dist.reference", *SMALL, *args, "--dump-state", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    with np.load(out) as arrays:
+        return dict(arrays)
+
+
+def assert_dumps_close(got: dict, want: dict, rtol: float, what: str) -> None:
+    """Every entry of two ``--dump-state`` dicts: the same tables' keys, values to ``rtol``."""
+    assert set(got) == set(want), f"{what}: different entries: {set(got) ^ set(want)}"
+    for name, (keys, _) in table_rows(want).items():
+        np.testing.assert_array_equal(table_rows(got)[name][0], keys, err_msg=f"{what}: {name}")
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=f"{what}: {k}")

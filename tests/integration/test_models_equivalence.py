@@ -17,8 +17,6 @@ W=2, P=2.  Real mpirun jobs, real PS ranks, the reference through its command li
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,9 @@ from cpu_dist.train.dump import table_rows
 from cpu_dist.train.metrics import read_summary
 
 from .job_files import three_tables
-from .launch import SMALL, train
+from .launch import assert_dumps_close as assert_close
+from .launch import cli_reference as reference
+from .launch import train
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -60,28 +60,6 @@ def flags(job_file: Path, *extra: str) -> list[str]:
         str(BATCH),
         *extra,
     ]
-
-
-def reference(args: list[str], out: Path) -> dict:
-    """``python -m cpu_dist.reference`` on a job's flags: its ``--dump-state``."""
-    done = subprocess.run(
-        [sys.executable, "-m", "cpu_dist.reference", *SMALL, *args, "--dump-state", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    with np.load(out) as arrays:
-        return dict(arrays)
-
-
-def assert_close(got: dict, want: dict, rtol: float, what: str) -> None:
-    assert set(got) == set(want), f"{what}: different entries: {set(got) ^ set(want)}"
-    for name, (keys, _) in table_rows(want).items():
-        np.testing.assert_array_equal(table_rows(got)[name][0], keys, err_msg=f"{what}: {name}")
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=f"{what}: {k}")
 
 
 @pytest.fixture(scope="module")

@@ -105,6 +105,7 @@ class CatchUpPipeline:
                 session.world,
                 compression,
                 t.eps,
+                session.schedule,  # the rates the step's commit carried
             )
             for t in tables
         }

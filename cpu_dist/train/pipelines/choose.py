@@ -81,6 +81,7 @@ def make_committer(
         optimizer=cfg.train.sparse_optimizer,
         barrier_timeout_s=cfg.job.barrier_timeout_s,
         table_lrs=None if cfg.tables.fused else {t.name: t.lr for t in cfg.tables.tables},
+        schedule=cfg.train.schedule,
     )
     staleness = cfg.train.max_staleness if cfg.train.sparse_sync == "async" else 0
     return SparseCommitter(
