@@ -71,6 +71,12 @@ MUST_MATCH = (
     "data.shuffle",
     "data.bags",
     "data.weights",
+    "data.multi_hot_sizes",
+    "data.multi_hot_distribution",
+    "data.features",
+    "data.weight_columns",
+    "data.label",
+    "data.dense",
     "table.admit_after",
     "table.expire_after",
 )

@@ -16,7 +16,13 @@ from typing import Any, Literal
 
 from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.schedule import LrSchedule
-from cpu_dist.common.tables import DEFAULT_LR, FROM_FLAGS, JobTables, flag_table
+from cpu_dist.common.tables import (
+    CATEGORICAL_FEATURES,
+    DEFAULT_LR,
+    FROM_FLAGS,
+    JobTables,
+    flag_table,
+)
 
 # The built-in models' names (``--model``), the first the default: the keys of
 # ``cpu_dist.models.factory.BUILTIN_MODELS``, restated here because the flags' checks must not
@@ -147,9 +153,16 @@ class TrainConfig:
         )
 
 
+# --data's choices: the synthetic stream, a Criteo TSV file, a converted Criteo directory, and
+# Parquet files (one column per feature, as NVTabular writes them).
+DATA_KINDS = ("synthetic", "criteo", "criteo-bin", "parquet")
+# --multi-hot-distribution's choices (cpu_dist/data/multi_hot.py).
+MULTI_HOT_DISTRIBUTIONS = ("uniform",)
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    kind: str = "synthetic"  # "synthetic", "criteo" (a TSV file), "criteo-bin" (converted)
+    kind: str = "synthetic"  # one of DATA_KINDS
     path: str | None = None
     skip_bad_lines: bool = False
     zipf_exponent: float = 1.05
@@ -166,6 +179,16 @@ class DataConfig:
     bags: tuple[tuple[str, int, int], ...] = ()
     # A job file's [data] weights: the features whose ids carry a per-id weight, sorted.
     weights: tuple[str, ...] = ()
+    # Criteo made multi-hot (--multi-hot-sizes): one bag size per feature; None: one-hot.
+    multi_hot_sizes: tuple[int, ...] | None = None
+    multi_hot_distribution: str = "uniform"
+    # Parquet (--data parquet): the categorical features, in the files' column order (each
+    # reads the column of its name), the weights' (feature, column) pairs, the label column
+    # and the dense columns.
+    features: tuple[str, ...] = ()
+    weight_columns: tuple[tuple[str, str], ...] = ()
+    label: str = "label"
+    dense: tuple[str, ...] = ()
 
 
 # The cache stage's capacity unit (``--optimization-cache-capacity``, a table's
@@ -269,6 +292,7 @@ class Config:
                     init_scale=self.model.init_scale,
                     admit_after=self.table.admit_after,
                     expire_after=self.table.expire_after,
+                    features=self.data.features or CATEGORICAL_FEATURES,
                 ),
             )
 

@@ -17,13 +17,13 @@ from cpu_dist.common.config import (
     CacheConfig,
     CheckpointConfig,
     ClientConfig,
-    DataConfig,
     JobConfig,
     ModelConfig,
     OutputConfig,
     TableConfig,
     TrainConfig,
 )
+from cpu_dist.common.data_flags import add_data_flags
 from cpu_dist.common.first_rank import FirstRankParser
 from cpu_dist.common.job_file import JobFileError, apply_job_defaults
 from cpu_dist.common.tables import OPTIMIZERS
@@ -124,51 +124,6 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=ClientConfig.rpc_timeout_s,
         help="seconds one PS call may take",
-    )
-
-
-def add_data_flags(p: argparse.ArgumentParser) -> None:
-    """The data flags: the launcher's, and those of every tool that reads the same batches
-    (``python -m cpu_dist.serving``)."""
-    d = p.add_argument_group("data")
-    d.add_argument("--data", default=DataConfig.kind, choices=["synthetic", "criteo", "criteo-bin"])
-    d.add_argument(
-        "--data-path",
-        default=None,
-        help="Criteo TSV file (--data criteo) or directory made by python -m "
-        "cpu_dist.data.convert (--data criteo-bin)",
-    )
-    d.add_argument(
-        "--skip-bad-lines",
-        action="store_true",
-        help="count and skip malformed Criteo lines instead of failing (--data criteo; "
-        "the converter has its own)",
-    )
-    d.add_argument("--zipf-exponent", type=float, default=DataConfig.zipf_exponent)
-    d.add_argument(
-        "--num-embeddings-per-feature",
-        default=None,
-        metavar="N1,...,N26",
-        help="Criteo: hash feature f's values into N_f rows (value %% N_f); default 2**32",
-    )
-    d.add_argument(
-        "--max-ind-range",
-        type=int,
-        default=None,
-        metavar="N",
-        help="Criteo: hash every feature's values into at most N rows",
-    )
-    d.add_argument(
-        "--epochs",
-        type=int,
-        default=None,
-        help="Criteo: passes over the training data (default 1, or as many as --max_step "
-        "takes when it is given); with both, training stops at whichever comes first",
-    )
-    d.add_argument(
-        "--shuffle",
-        action="store_true",
-        help="Criteo: shuffle the batch order of each epoch (deterministic from --seed)",
     )
 
 
@@ -505,6 +460,10 @@ _FLAG_OF_SETTING = {
     "data.bags": "--config [data] bags",
     "data.weights": "--config [data] weights",
     "data.path": "--data-path",
+    "data.weight_columns": "--config [data] weights",
+    "data.label": "--config [data] label",
+    "data.dense": "--config [data] dense",
+    "data.features": "--config [[tables]] features",
     "client.channels": "--ps-channels",
     "client.max_keys_per_rpc": "--ps-max-keys-per-rpc",
     "client.max_message_bytes": "--ps-max-message-bytes",

@@ -15,11 +15,10 @@ Read with the standard library's ``tomllib``.  Its parts:
   kept in ``ModelConfig.args`` (:func:`model_args`: scalars as they are, arrays as tuples,
   recursively; a TOML table is refused rather than turned into pairs, so that one spelling
   of an argument exists until a model needs nested ones).
-- ``[data]`` (keys :data:`DATA_KEYS`): ``kind`` is ``--data``; ``bags = { FEATURE = [MIN,
-  MAX] }`` makes a feature multi-hot, bag lengths uniform in ``MIN..MAX`` (``0 <= MIN <= MAX
-  <= MAX_BAG_LENGTH``, ``MAX >= 1``; MIN 0 allows empty bags); ``weights = ["FEATURE", ...]``
-  gives those features' ids per-id weights.  Whether the features are the data's and the
-  data kind can have bags is checked with the flags (``job_file_checks.job_file_bags``).
+- ``[data]``: which data and how its columns become features (:mod:`cpu_dist.common.job_data`:
+  ``kind``, ``path``, ``multi_hot_sizes``, ``multi_hot_distribution`` are flags of their own;
+  ``bags``, ``weights``, ``label``, ``dense``).  Whether the features are the data's and the
+  data kind can have them is checked with the flags (``job_file_checks``).
 - A flag that has a key of its own in ``[model]`` or ``[data]`` (:data:`SECTION_KEYS`:
   ``model``, ``data``) is refused in ``[job]``; like ``[job]`` values, ``[model] name`` and
   ``[data] kind`` are the parser's defaults, so ``--model`` and ``--data`` on the command
@@ -41,11 +40,14 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from cpu_dist.common.config import MAX_BAG_LENGTH, model_spec_problem
+from cpu_dist.common.config import model_spec_problem
 from cpu_dist.common.contracts import default_init_scale
+from cpu_dist.common.job_data import DATA_FLAG_KEYS, DataSection, read_data_section
+from cpu_dist.common.job_values import JobFileError
+from cpu_dist.common.job_values import toml_kind as _kind
 from cpu_dist.common.tables import OPTIMIZERS, POOLINGS, JobTables, TableConfig
 
 # The keys of a [[tables]] entry (the issue's, which tests and docs rely on); None: required.
@@ -64,11 +66,9 @@ TABLE_KEYS = (
     "cache_capacity",
 )
 SECTIONS = ("job", "tables", "model", "data")
-# The keys of [data] (any other is refused); [model] has name and the model's own arguments.
-DATA_KEYS = ("kind", "bags", "weights")
 # The flags that have a key of their own in [model] or [data]: section -> {key: flag dest}.
 # Such a flag is refused in [job], since its home is that key.
-SECTION_KEYS: dict[str, dict[str, str]] = {"model": {"name": "model"}, "data": {"kind": "data"}}
+SECTION_KEYS: dict[str, dict[str, str]] = {"model": {"name": "model"}, "data": DATA_FLAG_KEYS}
 # [model] keys a factory cannot take as keyword arguments: the job passes them positionally.
 MODEL_POSITIONAL = ("tables", "dense_features")
 # Flags that may not stand in [job]: the job file itself, and the Criteo hashing flags (a
@@ -83,10 +83,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 _UINT32 = 2**32 - 1
 
 
-class JobFileError(ValueError):
-    """A job file that cannot be used; the message names the file, the table and the key."""
-
-
 @dataclass(frozen=True)
 class JobFile:
     """A read job file: ``job`` holds the ``[job]`` values by flag dest, ``tables`` the raw
@@ -98,9 +94,7 @@ class JobFile:
         tables: the raw ``[[tables]]`` entries.
         model_name: ``[model] name`` (None: the file names no model).
         model_args: ``[model]``'s other keys, sorted (key, value) pairs (:func:`model_args`).
-        data_kind: ``[data] kind`` (None: not given).
-        bags: ``[data] bags`` as sorted (feature, min, max) triples.
-        weights: ``[data] weights``, sorted.
+        data: ``[data]`` (:class:`~cpu_dist.common.job_data.DataSection`).
     """
 
     path: str
@@ -108,9 +102,21 @@ class JobFile:
     tables: tuple[Mapping[str, Any], ...]
     model_name: str | None = None
     model_args: tuple[tuple[str, object], ...] = ()
-    data_kind: str | None = None
-    bags: tuple[tuple[str, int, int], ...] = ()
-    weights: tuple[str, ...] = ()
+    data: DataSection = field(default_factory=DataSection)
+
+    @property
+    def data_kind(self) -> str | None:
+        """``[data] kind`` (None: not given)."""
+        kind = self.data.flag("data")
+        return None if kind is None else str(kind)
+
+    @property
+    def bags(self) -> tuple[tuple[str, int, int], ...]:
+        return self.data.bags
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return self.data.weights
 
 
 def read_job_file(path: str | os.PathLike[str]) -> JobFile:
@@ -151,23 +157,15 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
                         f"{name}: [job] {key}: has a key of its own, [{section}] {own}; set it "
                         "there"
                     )
-    model, data = doc.get("model", {}), doc.get("data", {})
-    for key in data:
-        if key not in DATA_KEYS:
-            raise JobFileError(
-                f"{name}: [data] {key}: unknown key ([data]'s keys: {', '.join(DATA_KEYS)}; "
-                "any other data flag goes in [job])"
-            )
-    bags = _bags(name, data["bags"]) if "bags" in data else ()
+    model = doc.get("model", {})
+    data = read_data_section(name, doc.get("data", {}))
     return JobFile(
         name,
         dict(job),
         tuple(dict(t) for t in tables),
         model_name=_model_name(name, model["name"]) if "name" in model else None,
         model_args=model_args(name, model),
-        data_kind=_data_kind(name, data["kind"]) if "kind" in data else None,
-        bags=bags,
-        weights=_weights(name, data["weights"]) if "weights" in data else (),
+        data=data,
     )
 
 
@@ -229,79 +227,6 @@ def _model_value(where: str, value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         raise JobFileError(f"{where}: {value}: a model argument must be a finite number")
     return value
-
-
-def _data_kind(path: str, value: object) -> str:
-    """``[data] kind``: a string (its choices are --data's, checked by :func:`job_defaults`)."""
-    if not isinstance(value, str):
-        raise JobFileError(f"{path}: [data] kind (--data): expected a string, got {_kind(value)}")
-    return value
-
-
-def _bags(path: str, value: object) -> tuple[tuple[str, int, int], ...]:
-    """``[data] bags = { FEATURE = [MIN, MAX] }`` as sorted (feature, min, max) triples."""
-    where = f"{path}: [data] bags"
-    if not isinstance(value, dict):
-        raise JobFileError(
-            f"{where}: expected a table of FEATURE = [MIN, MAX] (bags = {{ cat_0 = [1, 20] }}), "
-            f"got {_kind(value)}"
-        )
-    out = []
-    for feature in sorted(value):
-        pair = value[feature]
-        at = f"{where}: {feature!r}"
-        if (
-            not isinstance(pair, list)
-            or len(pair) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
-        ):
-            if not isinstance(pair, list):
-                shown = _kind(pair)
-            elif len(pair) != 2:
-                shown = f"{len(pair)} values"
-            else:
-                shown = " and ".join(_kind(v) for v in pair)
-            raise JobFileError(f"{at}: expected [MIN, MAX], two integers, got {shown}")
-        low, high = pair
-        if not 0 <= low <= high <= MAX_BAG_LENGTH:
-            raise JobFileError(
-                f"{at}: [{low}, {high}]: bag lengths must satisfy 0 <= MIN <= MAX <= "
-                f"{MAX_BAG_LENGTH}"
-            )
-        if high == 0:
-            raise JobFileError(
-                f"{at}: [0, 0]: every bag would be empty (MAX >= 1; MIN 0 allows empty bags)"
-            )
-        out.append((feature, int(low), int(high)))
-    return tuple(out)
-
-
-def _weights(path: str, value: object) -> tuple[str, ...]:
-    """``[data] weights = ["FEATURE", ...]``: unique names, sorted."""
-    where = f"{path}: [data] weights"
-    if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
-        raise JobFileError(f'{where}: expected an array of feature names (weights = ["cat_0"])')
-    twice = sorted({f for f in value if value.count(f) > 1})
-    if twice:
-        raise JobFileError(f"{where}: {', '.join(map(repr, twice))} listed twice")
-    return tuple(sorted(value))
-
-
-def _kind(value: object) -> str:
-    """A TOML value's kind, for messages."""
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, int):
-        return f"an integer ({value})"
-    if isinstance(value, float):
-        return f"a float ({value})"
-    if isinstance(value, str):
-        return f"a string ({value!r})"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return type(value).__name__
 
 
 def _flag_value(
@@ -369,11 +294,9 @@ def job_defaults(job_file: JobFile, parser: argparse.ArgumentParser) -> dict[str
                 f"{job_file.path}: [job] {key}: unknown key: not a flag of launcher.py{hint}"
             )
         out[key] = _flag_value(job_file.path, action, key, value)
-    for section, key, value in (
-        ("model", "name", job_file.model_name),
-        ("data", "kind", job_file.data_kind),
-    ):
-        dest = SECTION_KEYS[section][key]
+    own = [("model", "name", "model", job_file.model_name)]
+    own += [("data", key, dest, job_file.data.flag(dest)) for key, dest in DATA_FLAG_KEYS.items()]
+    for section, key, dest, value in own:
         if value is not None and dest in actions:  # a tool without the flag has no use for it
             out[dest] = _flag_value(job_file.path, actions[dest], key, value, section)
     return out
@@ -523,9 +446,13 @@ def job_tables(
     defaults: TableDefaults,
     data_features: Sequence[str],
     data_kind: str,
+    *,
+    every_feature: bool = True,
 ) -> JobTables | None:
     """The job file's tables (None: it declares none, the flags' one table stays).  Every
-    feature of the data is in exactly one table; names are unique."""
+    feature of the data is in exactly one table (``every_feature=False``, Parquet's: the
+    data's features are the columns the tables name, ``data_features`` those they may name,
+    in the file's order); names are unique."""
     if not job_file.tables:
         return None
     path = job_file.path
@@ -546,6 +473,8 @@ def job_tables(
                 )
             owner[f] = t.name
         tables.append(t)
+    if not every_feature:
+        data_features = [f for f in data_features if f in owner]
     missing = [f for f in data_features if f not in owner]
     if missing:
         shown = ", ".join(repr(f) for f in missing[:5]) + (" ..." if len(missing) > 5 else "")

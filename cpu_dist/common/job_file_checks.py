@@ -33,11 +33,14 @@ def job_file_of(a: argparse.Namespace) -> JobFile | None:
     return read_job_file(path) if path else None
 
 
-def job_file_tables(a: argparse.Namespace, train: TrainConfig) -> JobTables | None:
+def job_file_tables(
+    a: argparse.Namespace, train: TrainConfig, columns: Sequence[str] | None = None
+) -> JobTables | None:
     """The tables of the ``--config`` job file (None: no job file, or one without
     ``[[tables]]``: the flags declare the one table).  A table that omits a key takes the
     flags' value (``--embedding-dim``, ``--sparse-optimizer``, ``--sparse-lr``,
-    ``--init-scale``, ``--ps-admit-after``, ``--ps-expire-after``)."""
+    ``--init-scale``, ``--ps-admit-after``, ``--ps-expire-after``).  ``columns``: Parquet
+    data's columns a table may name (None: Criteo's and the synthetic stream's features)."""
     path = getattr(a, "config", None)
     if not path:
         return None
@@ -69,8 +72,9 @@ def job_file_tables(a: argparse.Namespace, train: TrainConfig) -> JobTables | No
             admit_after=a.ps_admit_after,
             expire_after=a.ps_expire_after,
         ),
-        CATEGORICAL_FEATURES,  # every data kind's: Criteo's and the synthetic stream's
+        CATEGORICAL_FEATURES if columns is None else columns,
         a.data,
+        every_feature=columns is None,
     )
 
 
@@ -79,10 +83,10 @@ def job_file_bags(
 ) -> tuple[tuple[tuple[str, int, int], ...], tuple[str, ...]]:
     """The job file's ``[data] bags`` and ``weights`` (``DataConfig.bags``, ``.weights``);
     empty without a job file.  Refused, naming the file, the key and the feature: a feature
-    that is not one of ``data_features`` (the job's tables' features), and bags or weights
-    with a ``--data`` other than ``synthetic`` (multi-hot Criteo and Parquet input are not
-    there yet).  ``--read-mode bagpipe`` is not refused here: the cache stage's own checks
-    say what it serves."""
+    that is not one of ``data_features`` (the job's tables' features); drawn bags and
+    weights with a ``--data`` other than ``synthetic``; Parquet's keys (weight columns,
+    ``label``, ``dense``) with another ``--data``.  ``--read-mode bagpipe`` is not refused
+    here: the cache stage's own checks say what it serves."""
     job_file = job_file_of(a)
     if job_file is None:
         return (), ()
@@ -97,13 +101,38 @@ def job_file_bags(
                 f"{job_file.path}: [data] {key}: {feature!r} is not a feature of the data "
                 f"(--data {a.data} has {shown})"
             )
-    if keyed and a.data != "synthetic":
-        key, feature = keyed[0]
-        raise JobFileError(
-            f"{job_file.path}: [data] {key}: {feature!r}: multi-hot bags and per-id weights "
-            f"need --data synthetic, not --data {a.data} (multi-hot Criteo and Parquet input "
-            "are not supported yet: they come with --multi-hot-sizes and --data parquet)"
-        )
+    section = job_file.data
+    if a.data == "parquet":
+        if section.bags:
+            raise JobFileError(
+                f"{job_file.path}: [data] bags: {section.bags[0][0]!r}: Parquet data's bags are "
+                "its list<int64> columns; bags = {...} draws them for --data synthetic"
+            )
+        if section.weights and not section.weight_columns:
+            raise JobFileError(
+                f"{job_file.path}: [data] weights: {section.weights[0]!r}: Parquet data's "
+                'weights are columns: weights = { FEATURE = "COLUMN" }'
+            )
+    else:
+        if section.weight_columns:
+            f, c = section.weight_columns[0]
+            raise JobFileError(
+                f"{job_file.path}: [data] weights: {f!r} = {c!r}: weight columns are read from "
+                f"--data parquet, not --data {a.data}"
+            )
+        for key, value in (("label", section.label), ("dense", section.dense)):
+            if value is not None:
+                raise JobFileError(
+                    f"{job_file.path}: [data] {key}: Parquet's columns; --data {a.data} has no "
+                    "columns to name"
+                )
+        if keyed and a.data != "synthetic":
+            key, feature = keyed[0]
+            raise JobFileError(
+                f"{job_file.path}: [data] {key}: {feature!r}: drawn bags and per-id weights "
+                f"need --data synthetic, not --data {a.data} (Criteo data is made multi-hot by "
+                "--multi-hot-sizes; Parquet data brings its own bags and weights)"
+            )
     return job_file.bags, job_file.weights
 
 

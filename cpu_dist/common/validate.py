@@ -10,6 +10,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from cpu_dist.common.config import (
     CacheConfig,
@@ -25,10 +26,10 @@ from cpu_dist.common.config import (
     model_spec_problem,
 )
 from cpu_dist.common.contracts import default_init_scale
+from cpu_dist.common.data_checks import multi_hot_sizes, parquet_columns, parquet_schema
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.first_rank import launch_rank
 from cpu_dist.common.flag_warnings import ineffective_flags
-from cpu_dist.common.job_file import JobFileError
 from cpu_dist.common.job_file_checks import (
     check_cache_tables,
     check_rows_budget,
@@ -39,6 +40,9 @@ from cpu_dist.common.job_file_checks import (
 from cpu_dist.common.output_checks import check_outputs
 from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
 
+if TYPE_CHECKING:
+    from cpu_dist.data.parquet import ParquetColumns
+
 
 class ConfigError(ValueError):
     """A flag or flag combination that cannot work; the message names the flag."""
@@ -46,11 +50,11 @@ class ConfigError(ValueError):
 
 @contextlib.contextmanager
 def _as_config_error() -> Iterator[None]:
-    """The job file's checks (``job_file_checks``) raise JobFileError: the same message, as
-    every other refusal of the flags."""
+    """The job file's checks (``job_file_checks``) raise JobFileError, the data checks
+    (``data_checks``) ValueError: the same message, as every other refusal of the flags."""
     try:
         yield
-    except JobFileError as exc:
+    except ValueError as exc:  # JobFileError, and the data checks' (Parquet's: ParquetError)
         raise ConfigError(str(exc)) from None
 
 
@@ -247,10 +251,13 @@ def _hash_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:
 
 
 def data_config(
-    a: argparse.Namespace, data_features: Sequence[str] = CATEGORICAL_FEATURES
+    a: argparse.Namespace,
+    data_features: Sequence[str] = CATEGORICAL_FEATURES,
+    parquet: ParquetColumns | None = None,
 ) -> DataConfig:
     """The data section alone (tools that read the same batches as a job).  ``data_features``:
-    the features a job file's ``[data]`` bags and weights may name (the job's tables')."""
+    the features a job file's ``[data]`` bags and weights may name (the job's tables');
+    ``parquet``: Parquet data's columns (``data_checks.parquet_columns``; None: read here)."""
     if a.data == "criteo":
         if not a.data_path:
             raise ConfigError("--data criteo needs --data-path FILE")
@@ -280,8 +287,13 @@ def data_config(
                 f"--data-path {a.data_path}: no manifest.json (not a finished conversion: run "
                 "python -m cpu_dist.data.convert INPUT... --output DIR)"
             )
+    elif a.data == "parquet":
+        if not a.data_path:
+            raise ConfigError("--data parquet needs --data-path FILE_OR_DIR (or [data] path)")
+        if not os.path.exists(a.data_path):
+            raise ConfigError(f"--data-path {a.data_path}: no such file or directory")
     elif a.data_path:
-        raise ConfigError("--data-path is only read with --data criteo or criteo-bin")
+        raise ConfigError("--data-path is only read with --data criteo, criteo-bin or parquet")
     if a.skip_bad_lines and a.data == "criteo-bin":
         raise ConfigError(
             "--skip-bad-lines applies to --data criteo; give it to the converter instead"
@@ -308,7 +320,27 @@ def data_config(
                 "stream has its own key space and never ends)"
             )
     with _as_config_error():
+        if a.data == "parquet" and parquet is None:
+            parquet = parquet_columns(a, parquet_schema(a), None)
+        if parquet is not None:
+            data_features = parquet.features
         bags, weights = job_file_bags(a, data_features)
+        sizes_mh = multi_hot_sizes(a)
+    if a.data == "parquet":
+        given = [
+            flag
+            for flag, value in (
+                ("--skip-bad-lines", a.skip_bad_lines or None),
+                ("--num-embeddings-per-feature", sizes),
+                ("--max-ind-range", a.max_ind_range),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: only for Criteo data (Parquet ids reach the tables as "
+                "they are: give a job file's table its num_embeddings)"
+            )
     return DataConfig(
         kind=a.data,
         path=a.data_path,
@@ -320,6 +352,12 @@ def data_config(
         shuffle=a.shuffle,
         bags=bags,
         weights=weights,
+        multi_hot_sizes=sizes_mh,
+        multi_hot_distribution=a.multi_hot_distribution,
+        features=parquet.features if parquet is not None else (),
+        weight_columns=tuple(sorted(parquet.weights.items())) if parquet is not None else (),
+        label=parquet.label if parquet is not None else DataConfig.label,
+        dense=parquet.dense if parquet is not None else (),
     )
 
 
@@ -486,9 +524,16 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
         check_outputs(args)
     except OutputError as exc:
         raise ConfigError(str(exc)) from None
+    parquet = None
     with _as_config_error():  # first: it refuses the hashing flags beside it
-        tables = job_file_tables(args, train)
-    data = data_config(args, tables.data_features if tables is not None else CATEGORICAL_FEATURES)
+        schema = parquet_schema(args) if args.data == "parquet" else None
+        tables = job_file_tables(args, train, None if schema is None else schema.candidates)
+        if schema is not None:
+            features = None if tables is None else tables.data_features
+            parquet = parquet_columns(args, schema, features)
+    data = data_config(
+        args, tables.data_features if tables is not None else CATEGORICAL_FEATURES, parquet
+    )
     config = Config(
         job=job,
         model=_model(args, tables),

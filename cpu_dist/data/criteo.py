@@ -34,6 +34,7 @@ import numpy as np
 
 from cpu_dist.data.file_dataset import FileDataset
 from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, criteo_hash_sizes
+from cpu_dist.data.multi_hot import MultiHot
 from cpu_dist.data.splits import EveryKth, RowRange, Split
 from cpu_dist.data.tsv_parse import (
     NUM_DENSE,
@@ -75,6 +76,7 @@ class CriteoTSV(FileDataset):
         epochs: int | None = 1,
         shuffle: bool = False,
         seed: int = 0,
+        multi_hot: MultiHot | None = None,
     ) -> None:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
@@ -83,7 +85,13 @@ class CriteoTSV(FileDataset):
             raise ValueError(f"eval_every must be 0 (no eval split) or >= 2, got {eval_every}")
         if hash_sizes is None:
             hash_sizes = criteo_hash_sizes(hash_size=hash_size)
-        super().__init__(hash_sizes=hash_sizes, epochs=epochs, shuffle=shuffle, seed=seed)
+        super().__init__(
+            hash_sizes=hash_sizes,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            multi_hot=multi_hot,
+        )
         self.hash_size = int(hash_size)
         self.eval_every = int(eval_every)
         self.skip_bad_lines = bool(skip_bad_lines)
@@ -95,7 +103,7 @@ class CriteoTSV(FileDataset):
         self._lock = threading.Lock()  # one reader of the gzip stream at a time
         self._gz_fh: gzip.GzipFile | None = None
         self._build_index()
-        rows = self.num_lines - len(self._bad)
+        rows = self.num_rows = self.num_lines - len(self._bad)
         self._splits: dict[str, Split | None]
         if self.eval_every:
             k = self.eval_every

@@ -28,6 +28,7 @@ import numpy as np
 
 from cpu_dist.data.file_dataset import FileDataset
 from cpu_dist.data.layout import ARRAYS, LayoutError, read_manifest
+from cpu_dist.data.multi_hot import MultiHot
 from cpu_dist.data.splits import EveryKth, RowRange, Split
 from cpu_dist.data.tsv_parse import Rows
 
@@ -46,8 +47,15 @@ class CriteoBinary(FileDataset):
         epochs: int | None = 1,
         shuffle: bool = False,
         seed: int = 0,
+        multi_hot: MultiHot | None = None,
     ) -> None:
-        super().__init__(hash_sizes=hash_sizes, epochs=epochs, shuffle=shuffle, seed=seed)
+        super().__init__(
+            hash_sizes=hash_sizes,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            multi_hot=multi_hot,
+        )
         if eval_every < 0 or eval_every == 1:
             raise ValueError(f"eval_every must be 0 (no eval split) or >= 2, got {eval_every}")
         self.directory = Path(directory)

@@ -6,15 +6,17 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
-from cpu_dist.common.config import DataConfig
+from cpu_dist.common.config import DATA_KINDS, DataConfig
 from cpu_dist.common.tables import categorical_names, dense_names
 from cpu_dist.data.batch import Batch
 from cpu_dist.data.criteo import CriteoTSV
 from cpu_dist.data.criteo_bin import CriteoBinary
 from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, criteo_hash_sizes
+from cpu_dist.data.multi_hot import MultiHot
+from cpu_dist.data.parquet import ParquetColumns, ParquetData
 from cpu_dist.data.synthetic import SyntheticCriteo
 
-KINDS = ("synthetic", "criteo", "criteo-bin")
+KINDS = DATA_KINDS
 
 
 class Dataset(Protocol):
@@ -59,13 +61,19 @@ def make_dataset(
     shuffle: bool = False,
     bags: Mapping[str, tuple[int, int]] | None = None,
     weights: Sequence[str] = (),
+    multi_hot_sizes: Sequence[int] | None = None,
+    multi_hot_distribution: str = "uniform",
+    parquet: ParquetColumns | None = None,
 ) -> Dataset:
     """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse, and
     the multi-hot features ``bags = {feature: (MIN, MAX)}`` and weighted ones ``weights``; endless),
     ``kind="criteo"`` (path: a TSV file) or ``kind="criteo-bin"`` (path: a converted directory),
     both with the hashing (hash_size, num_embeddings_per_feature, max_ind_range: see
-    ``keys.criteo_hash_sizes``), eval_every, epochs, shuffle and seed, and for TSV
-    skip_bad_lines.  Arguments a kind does not use are ignored."""
+    ``keys.criteo_hash_sizes``), eval_every, epochs, shuffle and seed, for TSV
+    skip_bad_lines, and ``multi_hot_sizes`` (Criteo made multi-hot,
+    :mod:`cpu_dist.data.multi_hot`); ``kind="parquet"`` (path: a file or directory; parquet:
+    the columns it reads, :func:`cpu_dist.data.parquet.resolve_columns`), with eval_every,
+    epochs, shuffle and seed.  Arguments a kind does not use are ignored."""
     if kind == "synthetic":
         return SyntheticCriteo(
             cardinalities=cardinalities,
@@ -81,12 +89,26 @@ def make_dataset(
     if bags or weights:
         named = sorted({*(bags or {}), *weights})
         raise ValueError(
-            f"the {kind} data has one id per feature: bags and weights (of {', '.join(named)}) "
-            f"need kind 'synthetic' (multi-hot Criteo files are not supported yet)"
+            f"bags and weights (of {', '.join(named)}) are drawn by kind 'synthetic' alone "
+            f"(kind {kind!r}: multi-hot Criteo comes with multi_hot_sizes, Parquet's bags and "
+            "weights with its columns)"
         )
     if path is None:
         raise ValueError(f"the {kind} dataset needs a path")
+    if kind == "parquet":
+        if parquet is None:
+            raise ValueError("the parquet dataset needs its columns (parquet=)")
+        return ParquetData(
+            path, parquet, eval_every=eval_every, epochs=epochs, shuffle=shuffle, seed=seed
+        )
     sizes = criteo_hash_sizes(num_embeddings_per_feature, max_ind_range, hash_size)
+    multi_hot = (
+        None
+        if multi_hot_sizes is None
+        else MultiHot(
+            multi_hot_sizes, sizes, categorical_names(len(sizes)), seed, multi_hot_distribution
+        )
+    )
     if kind == "criteo":
         return CriteoTSV(
             path,
@@ -97,9 +119,16 @@ def make_dataset(
             epochs=epochs,
             shuffle=shuffle,
             seed=seed,
+            multi_hot=multi_hot,
         )
     return CriteoBinary(
-        path, hash_sizes=sizes, eval_every=eval_every, epochs=epochs, shuffle=shuffle, seed=seed
+        path,
+        hash_sizes=sizes,
+        eval_every=eval_every,
+        epochs=epochs,
+        shuffle=shuffle,
+        seed=seed,
+        multi_hot=multi_hot,
     )
 
 
@@ -121,7 +150,11 @@ def eval_batches(dataset: Dataset, batch_size: int, num_batches: int | None) -> 
 
 def feature_names(dataset: Dataset) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(dense, categorical)`` feature names of a dataset in column order (``int_0`` ...,
-    ``cat_0`` ...; TorchRec's names for Criteo's): the names a job file's tables refer to."""
+    ``cat_0`` ...; TorchRec's names for Criteo's; Parquet's: its columns): the names a job
+    file's tables refer to."""
+    columns = getattr(dataset, "columns", None)
+    if isinstance(columns, ParquetColumns):
+        return columns.dense, columns.features
     return dense_names(dataset.num_dense), categorical_names(dataset.num_sparse)
 
 
@@ -141,5 +174,18 @@ def dataset_for(data: DataConfig, seed: int) -> Dataset:
         epochs=data.epochs,
         shuffle=data.shuffle,
         bags=bags,
-        weights=data.weights,
+        weights=() if data.kind == "parquet" else data.weights,
+        multi_hot_sizes=data.multi_hot_sizes,
+        multi_hot_distribution=data.multi_hot_distribution,
+        parquet=parquet_columns(data) if data.kind == "parquet" else None,
+    )
+
+
+def parquet_columns(data: DataConfig) -> ParquetColumns:
+    """The Parquet columns a job's ``DataConfig`` names (validation resolved them)."""
+    return ParquetColumns(
+        features=data.features,
+        dense=data.dense,
+        label=data.label,
+        weights=dict(data.weight_columns),
     )

@@ -24,7 +24,7 @@ import torch
 
 from cpu_dist.common.tables import JobTables
 from cpu_dist.data.batch import Batch
-from cpu_dist.data.keys import TableKeySplit, fuse_criteo
+from cpu_dist.data.keys import TableKeySplit, fold_ids, fuse_criteo
 from cpu_dist.embeddings import KeyedJaggedTensor
 
 __all__ = ["BatchFeatures", "key_split"]
@@ -85,7 +85,7 @@ class BatchFeatures:
         ids = np.ascontiguousarray(self.split.ids(batch.keys).T)
         for f, n in enumerate(self._modulo):
             if n > 0:
-                np.remainder(ids[f], np.int64(n), out=ids[f])
+                fold_ids(ids[f], n, out=ids[f])
         return ids
 
     def __call__(self, batch: Batch) -> KeyedJaggedTensor:
@@ -119,7 +119,7 @@ class BatchFeatures:
             if self.split.fused:  # the one fused table: the feature's fused keys
                 v = self._fuse(f, v)
             elif self._modulo[f] > 0:
-                v = np.remainder(v, np.int64(self._modulo[f]))
+                v = fold_ids(v, self._modulo[f])
             values.append(v)
             lengths.append(np.asarray(bag.lengths, dtype=np.int64))
             if weighted:

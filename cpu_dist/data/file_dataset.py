@@ -12,7 +12,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from cpu_dist.data.batch import Batch
-from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, fuse_criteo_columns
+from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, CRITEO_VALUE_MASK, fuse_criteo_columns
+from cpu_dist.data.multi_hot import MultiHot
 from cpu_dist.data.splits import BatchOrder, Split
 from cpu_dist.data.tsv_parse import NUM_DENSE, NUM_SPARSE, Rows
 
@@ -23,7 +24,9 @@ class FileDataset:
     ``epochs`` passes over the train split (default 1; None: endless, the caller stops after
     its step count), in file order or, with ``shuffle``, in a block order drawn from
     ``(seed, epoch)`` (:class:`~cpu_dist.data.splits.BatchOrder`).
-    Eval and test batches are always the first batches of their split, in file order."""
+    Eval and test batches are always the first batches of their split, in file order.
+    ``multi_hot`` (:class:`~cpu_dist.data.multi_hot.MultiHot`) makes every batch's features
+    of size > 1 multi-hot, from their one-hot ids."""
 
     kind = "criteo"
     num_dense = NUM_DENSE
@@ -36,6 +39,7 @@ class FileDataset:
         epochs: int | None,
         shuffle: bool,
         seed: int,
+        multi_hot: MultiHot | None = None,
     ) -> None:
         sizes = tuple(hash_sizes) if hash_sizes is not None else (CRITEO_DEFAULT_HASH_SIZE,) * 26
         if len(sizes) != NUM_SPARSE:
@@ -45,6 +49,7 @@ class FileDataset:
         self.hash_sizes = sizes
         self.epochs = None if epochs is None else int(epochs)
         self.shuffle, self.seed = bool(shuffle), int(seed)
+        self.multi_hot = multi_hot
         self._orders: dict[int, BatchOrder] = {}
 
     # --- what a subclass provides -------------------------------------------------------------
@@ -83,10 +88,12 @@ class FileDataset:
 
     def _batch(self, split: Split, a: int, b: int) -> Batch:
         rows = self.read_rows(split.positions(a, b))
+        keys = fuse_criteo_columns(rows.cats, self.hash_sizes)
         return Batch(
             dense=np.ascontiguousarray(rows.dense, dtype=np.float32),
-            keys=fuse_criteo_columns(rows.cats, self.hash_sizes),
+            keys=keys,
             labels=rows.labels.astype(np.float32),
+            bags={} if self.multi_hot is None else self.multi_hot.bags(keys & CRITEO_VALUE_MASK),
         )
 
     def worker_batch(self, step: int, batch_size: int, rank: int, world: int) -> Batch | None:

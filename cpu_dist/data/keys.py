@@ -121,6 +121,15 @@ def fuse_criteo_columns(values: np.ndarray, hash_sizes: Sequence[int]) -> np.nda
 CRITEO_VALUE_MASK = np.int64((1 << CRITEO_FEATURE_SHIFT) - 1)
 
 
+def fold_ids(ids: np.ndarray, num_embeddings: int, *, out: np.ndarray | None = None) -> np.ndarray:
+    """A table's rows of ids: ``id mod num_embeddings`` with the id taken as unsigned 64-bit
+    (Parquet ids may be any 64-bit value; for ids >= 0 it is the plain remainder).  ``out``
+    (an int64 array, ``ids`` itself allowed) receives the result."""
+    u = np.asarray(ids, dtype=np.int64).view(np.uint64)
+    target = None if out is None else out.view(np.uint64)
+    return np.remainder(u, np.uint64(num_embeddings), out=target).view(np.int64)
+
+
 class _TableLike(Protocol):
     """What :meth:`TableKeySplit.for_tables` reads of a table (``common.tables.TableConfig``)."""
 
@@ -217,7 +226,7 @@ class TableKeySplit:
             part = np.ascontiguousarray(ids[:, cols])
             n = self.num_embeddings[name]
             if n > 0:
-                np.remainder(part, np.int64(n), out=part)
+                fold_ids(part, n, out=part)
             out[name] = part
         return out
 

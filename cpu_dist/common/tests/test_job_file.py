@@ -282,7 +282,7 @@ def test_the_criteo_example_has_kaggle_s_26_cardinalities(tmp_path):
         ("[job]\nmax_ind_range = 10\n", ["[job] max_ind_range", "num_embeddings"]),
         ('[job]\nconfig = "other.toml"\n', ["[job] config"]),
         ("[model]\nbot_mlp = { a = 1 }\n", ["[model] bot_mlp", "a table is not"]),
-        ('[data]\npath = "x.tsv"\n', ["[data] path", "unknown key", "kind, bags, weights"]),
+        ('[data]\nlabels = "y"\n', ["[data] labels", "unknown key", "kind, path, multi_hot_sizes"]),
         ("[jobs]\nx = 1\n", ["unknown key 'jobs'"]),
         ("[[tables]\n", ["not valid TOML"]),
     ],

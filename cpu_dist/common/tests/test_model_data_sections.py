@@ -262,9 +262,12 @@ def test_bags_are_allowed_with_the_cache_stage(job):
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ('[data]\nkind = "parquet"\n', ["[data] kind (--data)", "'parquet' is not one of"]),
+        ('[data]\nkind = "orc"\n', ["[data] kind (--data)", "'orc' is not one of"]),
         ("[data]\nkind = 1\n", ["[data] kind (--data)", "expected a string"]),
-        ('[data]\npath = "x"\n', ["[data] path", "unknown key", "kind, bags, weights"]),
+        ('[data]\nlabels = "x"\n', ["[data] labels", "unknown key", "kind, path"]),
+        ('[data]\nlabel = "y"\n', ["[data] label", "Parquet's columns"]),
+        ('[data]\nweights = { cat_0 = "w" }\n', ["[data] weights", "'cat_0' = 'w'", "parquet"]),
+        ('[data]\nmulti_hot_sizes = ["a"]\n', ["[data] multi_hot_sizes", "array of integers"]),
         ("[data]\nbags = [1, 2]\n", ["[data] bags", "expected a table of FEATURE = [MIN, MAX]"]),
         ("[data]\nbags = { cat_2 = 5 }\n", ["[data] bags", "'cat_2'", "expected [MIN, MAX]"]),
         ("[data]\nbags = { cat_2 = [1, 2, 3] }\n", ["[data] bags", "'cat_2'", "3 values"]),
@@ -314,7 +317,7 @@ def test_bags_and_weights_need_synthetic_data(refused, tmp_path, section, key, f
     message = refused(f"[data]\n{section}\n", "--data", "criteo", "--data-path", str(tsv))
     for w in (f"[data] {key}", repr(feature), "need --data synthetic, not --data criteo"):
         assert w in message, (w, message)
-    assert "multi-hot Criteo and Parquet input are not supported yet" in message
+    assert "Criteo data is made multi-hot by --multi-hot-sizes" in message
 
 
 # --- the settings a checkpoint records -------------------------------------------------------

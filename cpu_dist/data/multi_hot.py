@@ -1,0 +1,139 @@
+"""Criteo made multi-hot, as MLPerf's DLRM-DCNv2 makes it (``--multi-hot-sizes``).
+
+Each one-hot id of a Criteo feature becomes a bag of that feature's size: the id itself, then
+``size - 1`` ids drawn uniformly from the feature's id space (its hash size, ``2**32`` where
+none is given).  The draws are a pure function of ``(seed, feature, id)`` (a counter-based
+hash, SplitMix64's finaliser), so a given id always brings the same bag, whichever worker
+reads it, in whichever batch, at whatever worker count: the distributed run and the
+single-process reference see the same bags.  MLPerf's reference precomputes these bags per
+id with its own generator; the scheme (one fixed bag per id, uniform draws) is the same, the
+bits are ours.
+
+The drawn ids are in the data's id space, not a table's: a job file's table with
+``num_embeddings`` folds them as it folds every id (``BatchFeatures``), so the bags do not
+depend on how the tables are sized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cpu_dist.common.config import MULTI_HOT_DISTRIBUTIONS
+from cpu_dist.data.batch import Bags
+
+DISTRIBUTIONS = MULTI_HOT_DISTRIBUTIONS
+# MLPerf DLRM-DCNv2's per-feature bag sizes for Criteo's 26 features (214 ids a sample).
+MLPERF_SIZES = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+MAX_SIZE = 1 << 16
+
+_MASK = (1 << 64) - 1
+_SALT = 0x6D756C7469686F74  # "multihot"
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 (wrapping arithmetic), in place on a fresh array."""
+    x = x ^ (x >> np.uint64(30))
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _mix_int(x: int) -> int:
+    """:func:`_mix` of one Python int (the per-feature salt, computed once)."""
+    return int(_mix(np.array([x & _MASK], dtype=np.uint64))[0])
+
+
+def parse_sizes(spec: str, num_features: int, flag: str = "--multi-hot-sizes") -> tuple[int, ...]:
+    """``"3,2,1,..."`` -> one bag size per feature; a ValueError naming ``flag`` otherwise."""
+    try:
+        sizes = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(
+            f"{flag} {spec!r}: expected {num_features} integers joined by ','"
+        ) from None
+    return check_sizes(sizes, num_features, flag)
+
+
+def check_sizes(sizes: Sequence[int], num_features: int, flag: str) -> tuple[int, ...]:
+    sizes = tuple(int(s) for s in sizes)
+    if len(sizes) != num_features:
+        raise ValueError(
+            f"{flag}: {len(sizes)} sizes given, the data has {num_features} sparse features"
+        )
+    bad = [(f, s) for f, s in enumerate(sizes) if not 1 <= s <= MAX_SIZE]
+    if bad:
+        f, s = bad[0]
+        raise ValueError(f"{flag}: feature {f}'s size {s}: must be in [1, {MAX_SIZE}]")
+    return sizes
+
+
+class MultiHot:
+    """One-hot ids -> each feature's bags (see the module docstring).
+
+    Args:
+        sizes: one bag size per feature (1: the feature stays one-hot).
+        hash_sizes: each feature's id space (the data's hash sizes): drawn ids are below it.
+        names: the features' names, the keys of :meth:`bags`.
+        seed: the job's seed.
+        distribution: how the extra ids are drawn; ``"uniform"`` (MLPerf's) alone.
+
+    Example::
+
+        mh = MultiHot(MLPERF_SIZES, (2**32,) * 26, categorical_names(26), seed=0)
+        bags = mh.bags(ids)  # ids: int64 [B, 26], each feature's own ids
+        bags["cat_20"].lengths  # 100 for every sample
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        hash_sizes: Sequence[int],
+        names: Sequence[str],
+        seed: int,
+        distribution: str = "uniform",
+    ) -> None:
+        if distribution not in DISTRIBUTIONS:
+            raise ValueError(
+                f"multi-hot distribution {distribution!r}: expected one of "
+                f"{', '.join(DISTRIBUTIONS)}"
+            )
+        self.sizes = check_sizes(sizes, len(names), "multi-hot sizes")
+        if len(hash_sizes) != len(names):
+            raise ValueError(f"{len(hash_sizes)} hash sizes for {len(names)} features")
+        self.hash_sizes = tuple(int(n) for n in hash_sizes)
+        self.names = tuple(names)
+        self.distribution = distribution
+        base = _mix_int(int(seed) ^ _SALT)
+        self._salts = [_mix_int(base + f * _GOLDEN) for f in range(len(names))]
+
+    def bag_values(self, f: int, ids: np.ndarray) -> np.ndarray:
+        """int64 ``[len(ids), sizes[f]]``: feature ``f``'s bag of each id, the id first."""
+        ids = np.asarray(ids, dtype=np.int64)
+        s = self.sizes[f]
+        out = np.empty((ids.shape[0], s), dtype=np.int64)
+        out[:, 0] = ids
+        if s > 1:
+            h = _mix(ids.astype(np.uint64) ^ np.uint64(self._salts[f]))
+            steps = (np.arange(1, s, dtype=np.uint64) * np.uint64(_GOLDEN)).astype(np.uint64)
+            drawn = _mix(h[:, None] + steps[None, :])
+            drawn %= np.uint64(self.hash_sizes[f])
+            out[:, 1:] = drawn.astype(np.int64)
+        return out
+
+    def bags(self, ids: np.ndarray) -> dict[str, Bags]:
+        """Every feature of size > 1's bags, from the features' own ids ``[B, F]``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        b = ids.shape[0]
+        out = {}
+        for f, s in enumerate(self.sizes):
+            if s > 1:
+                out[self.names[f]] = Bags(
+                    lengths=np.full(b, s, dtype=np.int64),
+                    values=self.bag_values(f, ids[:, f]).reshape(-1),
+                )
+        return out

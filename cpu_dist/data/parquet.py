@@ -1,0 +1,448 @@
+"""Training from Parquet files (``--data parquet``), in the layout NVTabular and Merlin write.
+
+One column per feature: a categorical feature reads the column of its own name, an integer
+column (one id a sample) or a ``list<integer>`` one (a bag a sample); ids are any 64-bit
+value, negative ones taken as unsigned (a table with ``num_embeddings`` folds them as
+unsigned, ``keys.fold_ids``).  The label is an integer, boolean or float column of 0/1; dense
+columns are used as they are (no log transform: a Criteo file converted by
+``python -m cpu_dist.data.to_parquet`` holds the transformed values); a weighted feature's
+weights are a ``list<float>`` column as long as its ids, sample by sample.
+
+Splits, as the Criteo readers cut them (:mod:`cpu_dist.data.splits`): a directory's files
+(``*.parquet``, ``*.parq``) sorted by name, training on every file but the last, whose first
+half of rows is the validation split and second half the test split; a single file: every
+10th row (``row % 10 == 9``) validation, no test split.  Batches, epochs and shuffling are
+:class:`~cpu_dist.data.file_dataset.FileDataset`'s, so a worker reads its share alone.
+
+A batch is read from whole row groups (memory-mapped, decoded once and kept while they fit
+:data:`CACHE_BYTES`): a worker's share of consecutive steps falls in the same groups.  Files
+are checked when opened (every file's schema: a missing column or a wrong type is an error
+naming the file and the column) and each row group when decoded (a null, a label that is not
+0/1, or a weights list whose length differs from its ids': the file, the column and the row).
+Every id travels in the batch's bags (``Batch.bags``, lengths 1 for an integer column), so the
+64 bits reach the tables unmasked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cpu_dist.data.batch import Bags, Batch
+from cpu_dist.data.file_dataset import FileDataset
+from cpu_dist.data.splits import EveryKth, RowRange, Split
+
+SUFFIXES = (".parquet", ".parq")
+# Decoded row groups kept per dataset (bytes of numpy arrays); the least recent goes first.
+CACHE_BYTES = 512 << 20
+
+
+class ParquetError(ValueError):
+    """A Parquet input that cannot be trained on; the message names the file, column, row."""
+
+
+def parquet_files(path: str | os.PathLike) -> list[Path]:
+    """The files of ``path``: itself, or a directory's Parquet files sorted by name."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix in SUFFIXES and f.is_file())
+        if not files:
+            raise ParquetError(f"{p}: no Parquet files ({', '.join(SUFFIXES)}) in the directory")
+        return files
+    if not p.is_file():
+        raise ParquetError(f"{p}: no such file or directory")
+    return [p]
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t)
+
+
+def _is_int_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_int(t.value_type)
+
+
+def _is_float_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_floating(t.value_type)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def read_schema(path: str | os.PathLike) -> pa.Schema:
+    """The first file's schema (the columns a job's validation checks names against)."""
+    first = parquet_files(path)[0]
+    try:
+        return pq.read_schema(first)
+    except (OSError, pa.ArrowException) as exc:
+        raise ParquetError(f"{first}: not a readable Parquet file: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ParquetColumns:
+    """Which columns a job reads: ``features`` (categorical, in the file's column order),
+    ``dense``, ``label`` and ``weights`` (``{feature: column}``)."""
+
+    features: tuple[str, ...]
+    dense: tuple[str, ...]
+    label: str
+    weights: Mapping[str, str]
+
+
+def resolve_columns(
+    schema: pa.Schema,
+    *,
+    label: str = "label",
+    dense: Sequence[str] | None = None,
+    features: Sequence[str] | None = None,
+    weights: Mapping[str, str] | None = None,
+    where: str = "",
+) -> ParquetColumns:
+    """The job's columns from a file's schema: ``features`` None: every integer or
+    ``list<integer>`` column but the label (else those named, put in the file's order);
+    ``dense`` None: every float column but the label."""
+    names = list(schema.names)
+    weights = dict(weights or {})
+    taken = {label, *weights.values()}
+    if features is None:
+        feats = [
+            n
+            for n in names
+            if n not in taken
+            and (_is_int(schema.field(n).type) or _is_int_list(schema.field(n).type))
+        ]
+    else:
+        order = {n: i for i, n in enumerate(names)}
+        missing = [f for f in features if f not in order]
+        if missing:
+            raise ParquetError(
+                f"{where}column {missing[0]!r}: missing (a table's feature reads the column of "
+                f"its name; the file has {', '.join(names[:8])}{' ...' if len(names) > 8 else ''})"
+            )
+        feats = sorted(features, key=order.__getitem__)
+    if dense is None:
+        den = [
+            n
+            for n in names
+            if n not in taken and n not in feats and pa.types.is_floating(schema.field(n).type)
+        ]
+    else:
+        den = list(dense)
+    return ParquetColumns(tuple(feats), tuple(den), label, weights)
+
+
+def check_schema(file: Path, schema: pa.Schema, cols: ParquetColumns) -> None:
+    """Every column the job reads is in ``file`` with a type it can take."""
+
+    def want(name: str, ok: bool, what: str) -> None:
+        if name not in schema.names:
+            raise ParquetError(f"{file}: column {name!r}: missing ({what})")
+        if not ok:
+            raise ParquetError(
+                f"{file}: column {name!r}: type {schema.field(name).type}, expected {what}"
+            )
+
+    def typ(name: str) -> pa.DataType:
+        return schema.field(name).type if name in schema.names else pa.null()
+
+    want(cols.label, _is_number(typ(cols.label)), "the label: an integer or float column of 0/1")
+    for c in cols.dense:
+        want(c, _is_number(typ(c)), "a dense feature: an integer or float column")
+    for f in cols.features:
+        t = typ(f)
+        want(f, _is_int(t) or _is_int_list(t), "a feature's ids: int64 or list<int64>")
+    for f, c in cols.weights.items():
+        want(c, _is_float_list(typ(c)), f"feature {f!r}'s weights: list<float>")
+
+
+@dataclass
+class _Ragged:
+    """One column of one row group: ``values`` and (for a list column) ``offsets``."""
+
+    values: np.ndarray
+    offsets: np.ndarray | None  # int64 [n + 1]; None: one value a row
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
+
+    def take(self, local: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(values, lengths)`` of these rows (lengths None: one value a row)."""
+        if self.offsets is None:
+            return self.values[local], None
+        if isinstance(local, slice):
+            a, b = local.start, local.stop
+            lo, hi = int(self.offsets[a]), int(self.offsets[b])
+            return self.values[lo:hi], np.diff(self.offsets[a : b + 1])
+        starts = self.offsets[local]
+        lengths = self.offsets[local + 1] - starts
+        total = int(lengths.sum())
+        if not total:
+            return self.values[:0], lengths
+        ends = np.cumsum(lengths)
+        index = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+        return self.values[index], lengths
+
+
+class _Group:
+    """A decoded row group: label, dense and each column the job reads."""
+
+    def __init__(self, label: np.ndarray, dense: np.ndarray, columns: dict[str, _Ragged]):
+        self.label, self.dense, self.columns = label, dense, columns
+        self.nbytes = label.nbytes + dense.nbytes + sum(c.nbytes for c in columns.values())
+
+
+def _ids(file: Path, name: str, column: pa.ChunkedArray, first_row: int) -> _Ragged:
+    """An integer or list<integer> column as int64 values (uint64 bits kept)."""
+    arr = column.combine_chunks()
+    if arr.null_count:
+        row = first_row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ParquetError(f"{file}: column {name!r}: row {row}: null (every sample needs ids)")
+    offsets = None
+    if isinstance(arr, (pa.ListArray, pa.LargeListArray)):
+        raw = arr.offsets.to_numpy().astype(np.int64)
+        inner = arr.values.slice(int(raw[0]), int(raw[-1] - raw[0]))
+        offsets = raw - raw[0]
+        if inner.null_count:
+            at = int(np.flatnonzero(inner.is_null().to_numpy(zero_copy_only=False))[0])
+            row = first_row + int(np.searchsorted(offsets, at, side="right")) - 1
+            raise ParquetError(f"{file}: column {name!r}: row {row}: a null id in the list")
+        arr = inner
+    v = arr.to_numpy(zero_copy_only=False)
+    values = v.view(np.int64) if v.dtype == np.uint64 else v.astype(np.int64, copy=False)
+    return _Ragged(np.ascontiguousarray(values), offsets)
+
+
+def _floats(file: Path, name: str, column: pa.ChunkedArray, first_row: int) -> np.ndarray:
+    arr = column.combine_chunks()
+    if arr.null_count:
+        row = first_row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ParquetError(f"{file}: column {name!r}: row {row}: null")
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float32)
+
+
+class ParquetData(FileDataset):
+    """Batches of Parquet files (see the module docstring).
+
+    Args:
+        path: a file, or a directory of files.
+        columns: the columns the job reads (:func:`resolve_columns`).
+        eval_every: the one-file split's k (0: no eval split).
+        epochs, shuffle, seed: as :class:`~cpu_dist.data.file_dataset.FileDataset`'s.
+
+    Example::
+
+        cols = resolve_columns(read_schema("day.parquet"))
+        data = ParquetData("day.parquet", cols)
+        step, batch = next(data.train_batches(4096))
+        batch.bags["cat_0"].values  # int64 ids, 64-bit
+    """
+
+    kind = "parquet"
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        columns: ParquetColumns,
+        *,
+        eval_every: int = 10,
+        epochs: int | None = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
+        super().__init__(hash_sizes=None, epochs=epochs, shuffle=shuffle, seed=seed)
+        if eval_every < 0 or eval_every == 1:
+            raise ValueError(f"eval_every must be 0 (no eval split) or >= 2, got {eval_every}")
+        self.columns = columns
+        self.num_dense = len(columns.dense)
+        self.num_sparse = len(columns.features)
+        self.sparse_names = columns.features
+        self.files = parquet_files(path)
+        self._readers: list[pq.ParquetFile] = []
+        self._groups: list[np.ndarray] = []  # per file: first row of each row group, and n
+        counts = []
+        for f in self.files:
+            try:
+                reader = pq.ParquetFile(f, memory_map=True)
+            except (OSError, pa.ArrowException) as exc:
+                raise ParquetError(f"{f}: not a readable Parquet file: {exc}") from None
+            check_schema(f, reader.schema_arrow, columns)
+            meta = reader.metadata
+            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            self._groups.append(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+            self._readers.append(reader)
+            counts.append(int(meta.num_rows))
+        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self.num_rows = int(self._starts[-1])
+        self._read = [columns.label, *columns.dense, *columns.features, *columns.weights.values()]
+        self._cache: OrderedDict[tuple[int, int], _Group] = OrderedDict()
+        self._cache_bytes, self._held = int(cache_bytes), 0
+        self._lock = threading.Lock()
+        self._splits: dict[str, Split | None]
+        if len(counts) == 1:
+            n = counts[0]
+            if eval_every:
+
+                def lines_of(lo: int, hi: int) -> np.ndarray:
+                    return np.arange(lo, hi, dtype=np.int64)
+
+                self._splits = {
+                    "train": EveryKth(lines_of, n, eval_every, held_out=False),
+                    "eval": EveryKth(lines_of, n, eval_every, held_out=True),
+                    "test": None,
+                }
+            else:
+                self._splits = {"train": RowRange(0, n), "eval": None, "test": None}
+        else:
+            last_lo, last_hi = int(self._starts[-2]), int(self._starts[-1])
+            mid = last_lo + counts[-1] // 2
+            self._splits = {
+                "train": RowRange(0, last_lo),
+                "eval": RowRange(last_lo, mid),
+                "test": RowRange(mid, last_hi),
+            }
+
+    def split(self, name: str) -> Split | None:
+        return self._splits[name]
+
+    # --- row groups ---------------------------------------------------------------------------
+
+    def _group(self, i: int, g: int) -> _Group:
+        """File ``i``'s row group ``g``, decoded and checked (kept while it fits the cache)."""
+        with self._lock:
+            hit = self._cache.get((i, g))
+            if hit is not None:
+                self._cache.move_to_end((i, g))
+                return hit
+            group = self._decode(i, g)
+            self._cache[(i, g)] = group
+            self._held += group.nbytes
+            while self._held > self._cache_bytes and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._held -= old.nbytes
+            return group
+
+    def _decode(self, i: int, g: int) -> _Group:
+        file, cols = self.files[i], self.columns
+        first = int(self._groups[i][g])
+        try:
+            table = self._readers[i].read_row_group(g, columns=self._read)
+        except (OSError, pa.ArrowException) as exc:
+            raise ParquetError(f"{file}: row group {g} (rows {first}...): {exc}") from None
+        label = _floats(file, cols.label, table.column(cols.label), first)
+        bad = np.flatnonzero((label != 0) & (label != 1))
+        if bad.size:
+            raise ParquetError(
+                f"{file}: column {cols.label!r}: row {first + int(bad[0])}: label "
+                f"{label[bad[0]]:g}, expected 0 or 1"
+            )
+        n = table.num_rows
+        dense = np.empty((n, len(cols.dense)), dtype=np.float32)
+        for j, c in enumerate(cols.dense):
+            dense[:, j] = _floats(file, c, table.column(c), first)
+        columns = {f: _ids(file, f, table.column(f), first) for f in cols.features}
+        for f, c in cols.weights.items():
+            w = _ids_weights(file, c, table.column(c), first)
+            ids = columns[f]
+            id_len = np.diff(ids.offsets) if ids.offsets is not None else np.ones(n, np.int64)
+            w_len = np.diff(w.offsets)  # type: ignore[arg-type]
+            wrong = np.flatnonzero(id_len != w_len)
+            if wrong.size:
+                r = int(wrong[0])
+                raise ParquetError(
+                    f"{file}: column {c!r}: row {first + r}: {int(w_len[r])} weights for "
+                    f"{int(id_len[r])} ids of feature {f!r}"
+                )
+            columns[c] = w
+        return _Group(label, dense, columns)
+
+    # --- batches ------------------------------------------------------------------------------
+
+    def _batch(self, split: Split, a: int, b: int) -> Batch:
+        rows = split.positions(a, b)
+        parts: list[tuple[_Group, np.ndarray | slice]] = []
+        if len(rows):
+            first = int(np.searchsorted(self._starts, rows[0], side="right")) - 1
+            last = int(np.searchsorted(self._starts, rows[-1], side="right")) - 1
+            for i in range(first, last + 1):
+                lo, hi = np.searchsorted(rows, self._starts[i : i + 2])
+                local = rows[lo:hi] - self._starts[i]
+                bounds = self._groups[i]
+                g0 = int(np.searchsorted(bounds, local[0], side="right")) - 1 if len(local) else 0
+                while len(local):
+                    end = int(bounds[g0 + 1])
+                    cut = int(np.searchsorted(local, end))
+                    mine, local = local[:cut] - bounds[g0], local[cut:]
+                    if len(mine):
+                        a0, b0 = int(mine[0]), int(mine[-1]) + 1
+                        index = slice(a0, b0) if b0 - a0 == len(mine) else mine
+                        parts.append((self._group(i, g0), index))
+                    g0 += 1
+        return self._assemble(parts, len(rows))
+
+    def _assemble(self, parts: list[tuple[_Group, np.ndarray | slice]], n: int) -> Batch:
+        cols = self.columns
+        labels = np.concatenate([g.label[x] for g, x in parts]) if parts else np.zeros(0)
+        dense = (
+            np.concatenate([g.dense[x] for g, x in parts])
+            if parts
+            else np.zeros((0, len(cols.dense)), np.float32)
+        )
+        weight_of = dict(cols.weights)
+        bags = {}
+        for f in cols.features:
+            values, lengths = _join([g.columns[f].take(x) for g, x in parts], n)
+            weights = None
+            if f in weight_of:
+                weights, _ = _join([g.columns[weight_of[f]].take(x) for g, x in parts], n)
+                weights = weights.astype(np.float32, copy=False)
+            bags[f] = Bags(lengths=lengths, values=values, weights=weights)
+        return Batch(
+            dense=np.ascontiguousarray(dense, dtype=np.float32),
+            keys=np.zeros((n, len(cols.features)), dtype=np.int64),
+            labels=labels.astype(np.float32, copy=False),
+            bags=bags,
+        )
+
+
+def _ids_weights(file: Path, name: str, column: pa.ChunkedArray, first_row: int) -> _Ragged:
+    """A list<float> weights column as float32 values and offsets."""
+    arr = column.combine_chunks()
+    if arr.null_count:
+        row = first_row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ParquetError(f"{file}: column {name!r}: row {row}: null weights")
+    raw = arr.offsets.to_numpy().astype(np.int64)
+    inner = arr.values.slice(int(raw[0]), int(raw[-1] - raw[0]))
+    offsets = raw - raw[0]
+    if inner.null_count:
+        at = int(np.flatnonzero(inner.is_null().to_numpy(zero_copy_only=False))[0])
+        row = first_row + int(np.searchsorted(offsets, at, side="right")) - 1
+        raise ParquetError(f"{file}: column {name!r}: row {row}: a null weight")
+    values = np.asarray(inner.to_numpy(zero_copy_only=False), dtype=np.float32)
+    return _Ragged(values, offsets)
+
+
+def _join(
+    taken: list[tuple[np.ndarray, np.ndarray | None]], n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Parts' ``(values, lengths)`` as one: lengths 1 where a part has one value a row."""
+    if not taken:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    values = np.concatenate([v for v, _ in taken]) if len(taken) > 1 else taken[0][0]
+    lengths = np.concatenate(
+        [np.ones(len(v), np.int64) if ln is None else ln.astype(np.int64) for v, ln in taken]
+    )
+    if values.dtype != np.float32:
+        values = np.ascontiguousarray(values, dtype=np.int64)
+    assert lengths.shape[0] == n
+    return values, lengths
