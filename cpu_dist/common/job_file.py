@@ -294,7 +294,7 @@ def job_defaults(job_file: JobFile, parser: argparse.ArgumentParser) -> dict[str
                 f"{job_file.path}: [job] {key}: unknown key: not a flag of launcher.py{hint}"
             )
         out[key] = _flag_value(job_file.path, action, key, value)
-    own = [("model", "name", "model", job_file.model_name)]
+    own: list[tuple[str, str, str, object]] = [("model", "name", "model", job_file.model_name)]
     own += [("data", key, dest, job_file.data.flag(dest)) for key, dest in DATA_FLAG_KEYS.items()]
     for section, key, dest, value in own:
         if value is not None and dest in actions:  # a tool without the flag has no use for it

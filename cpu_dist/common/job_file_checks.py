@@ -73,7 +73,7 @@ def job_file_tables(
             expire_after=a.ps_expire_after,
         ),
         CATEGORICAL_FEATURES if columns is None else columns,
-        a.data,
+        a.data if columns is None else f"{a.data} {a.data_path}",  # names the files
         every_feature=columns is None,
     )
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from cpu_dist.data.batch import Bags, Batch
 from cpu_dist.data.file_dataset import FileDataset
@@ -355,7 +355,8 @@ class ParquetData(FileDataset):
             w = _ids_weights(file, c, table.column(c), first)
             ids = columns[f]
             id_len = np.diff(ids.offsets) if ids.offsets is not None else np.ones(n, np.int64)
-            w_len = np.diff(w.offsets)  # type: ignore[arg-type]
+            assert w.offsets is not None  # a list column's
+            w_len = np.diff(w.offsets)
             wrong = np.flatnonzero(id_len != w_len)
             if wrong.size:
                 r = int(wrong[0])
