@@ -9,11 +9,46 @@ the job file's key, and for Parquet the file and the column.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cpu_dist.common.job_file_checks import job_file_of
+from cpu_dist.common.parquet_schema import (
+    ParquetColumns,
+    check_schema,
+    parquet_files,
+    read_schema,
+    resolve_columns,
+)
 
 _CRITEO_SPARSE = 26
+# MLPerf DLRM-DCNv2's per-feature bag sizes for Criteo's 26 features (214 ids a sample).
+MLPERF_SIZES = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+MAX_SIZE = 1 << 16
+
+
+def parse_sizes(spec: str, num_features: int, flag: str = "--multi-hot-sizes") -> tuple[int, ...]:
+    """``"3,2,1,..."`` -> one bag size per feature; a ValueError naming ``flag`` otherwise."""
+    try:
+        sizes = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(
+            f"{flag} {spec!r}: expected {num_features} integers joined by ','"
+        ) from None
+    return check_sizes(sizes, num_features, flag)
+
+
+def check_sizes(sizes: Sequence[int], num_features: int, flag: str) -> tuple[int, ...]:
+    sizes = tuple(int(s) for s in sizes)
+    if len(sizes) != num_features:
+        raise ValueError(
+            f"{flag}: {len(sizes)} sizes given, the data has {num_features} sparse features"
+        )
+    bad = [(f, s) for f, s in enumerate(sizes) if not 1 <= s <= MAX_SIZE]
+    if bad:
+        f, s = bad[0]
+        raise ValueError(f"{flag}: feature {f}'s size {s}: must be in [1, {MAX_SIZE}]")
+    return sizes
 
 
 def multi_hot_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:
@@ -21,8 +56,6 @@ def multi_hot_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:
     spec = getattr(a, "multi_hot_sizes", None)
     if spec is None:
         return None
-    from cpu_dist.data.multi_hot import MLPERF_SIZES, parse_sizes
-
     if a.data not in ("criteo", "criteo-bin"):
         raise ValueError(
             f"--multi-hot-sizes: makes Criteo data multi-hot (--data criteo or criteo-bin), not "
@@ -52,8 +85,6 @@ class ParquetSchema:
 
 def parquet_schema(a: argparse.Namespace) -> ParquetSchema:
     """``--data parquet``'s first file's columns, with the job file's ``[data]`` keys."""
-    from cpu_dist.data.parquet import read_schema
-
     if not a.data_path:
         raise ValueError("--data parquet needs --data-path FILE_OR_DIR (or [data] path)")
     job_file = job_file_of(a)
@@ -66,11 +97,11 @@ def parquet_schema(a: argparse.Namespace) -> ParquetSchema:
     return ParquetSchema(tuple(n for n in schema.names if n not in taken), label, dense, weights)
 
 
-def parquet_columns(a: argparse.Namespace, schema: ParquetSchema, features: tuple[str, ...] | None):
+def parquet_columns(
+    a: argparse.Namespace, schema: ParquetSchema, features: tuple[str, ...] | None
+) -> ParquetColumns:
     """The columns the job reads (``features``: the job file's tables', None: every integer
     column), checked against the first file (every file is checked when the data opens)."""
-    from cpu_dist.data.parquet import check_schema, parquet_files, read_schema, resolve_columns
-
     first = parquet_files(a.data_path)[0]
     arrow = read_schema(first)
     missing = [f for f in schema.weights if features is not None and f not in features]

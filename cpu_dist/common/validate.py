@@ -10,7 +10,6 @@ import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 from cpu_dist.common.config import (
     CacheConfig,
@@ -38,10 +37,8 @@ from cpu_dist.common.job_file_checks import (
     job_file_tables,
 )
 from cpu_dist.common.output_checks import check_outputs
+from cpu_dist.common.parquet_schema import ParquetColumns
 from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
-
-if TYPE_CHECKING:
-    from cpu_dist.data.parquet import ParquetColumns
 
 
 class ConfigError(ValueError):

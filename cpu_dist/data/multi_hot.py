@@ -21,12 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from cpu_dist.common.config import MULTI_HOT_DISTRIBUTIONS
+from cpu_dist.common.data_checks import check_sizes
 from cpu_dist.data.batch import Bags
 
 DISTRIBUTIONS = MULTI_HOT_DISTRIBUTIONS
-# MLPerf DLRM-DCNv2's per-feature bag sizes for Criteo's 26 features (214 ids a sample).
-MLPERF_SIZES = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
-MAX_SIZE = 1 << 16
 
 _MASK = (1 << 64) - 1
 _SALT = 0x6D756C7469686F74  # "multihot"
@@ -46,30 +44,6 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def _mix_int(x: int) -> int:
     """:func:`_mix` of one Python int (the per-feature salt, computed once)."""
     return int(_mix(np.array([x & _MASK], dtype=np.uint64))[0])
-
-
-def parse_sizes(spec: str, num_features: int, flag: str = "--multi-hot-sizes") -> tuple[int, ...]:
-    """``"3,2,1,..."`` -> one bag size per feature; a ValueError naming ``flag`` otherwise."""
-    try:
-        sizes = tuple(int(x) for x in spec.split(","))
-    except ValueError:
-        raise ValueError(
-            f"{flag} {spec!r}: expected {num_features} integers joined by ','"
-        ) from None
-    return check_sizes(sizes, num_features, flag)
-
-
-def check_sizes(sizes: Sequence[int], num_features: int, flag: str) -> tuple[int, ...]:
-    sizes = tuple(int(s) for s in sizes)
-    if len(sizes) != num_features:
-        raise ValueError(
-            f"{flag}: {len(sizes)} sizes given, the data has {num_features} sparse features"
-        )
-    bad = [(f, s) for f, s in enumerate(sizes) if not 1 <= s <= MAX_SIZE]
-    if bad:
-        f, s = bad[0]
-        raise ValueError(f"{flag}: feature {f}'s size {s}: must be in [1, {MAX_SIZE}]")
-    return sizes
 
 
 class MultiHot:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,132 +35,31 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from cpu_dist.common.parquet_schema import (
+    ParquetColumns,
+    ParquetError,
+    check_schema,
+    parquet_files,
+    read_schema,
+    resolve_columns,
+)
 from cpu_dist.data.batch import Bags, Batch
 from cpu_dist.data.file_dataset import FileDataset
 from cpu_dist.data.splits import EveryKth, RowRange, Split
 
-SUFFIXES = (".parquet", ".parq")
+__all__ = [
+    "CACHE_BYTES",
+    "ParquetColumns",
+    "ParquetData",
+    "ParquetError",
+    "check_schema",
+    "parquet_files",
+    "read_schema",
+    "resolve_columns",
+]
+
 # Decoded row groups kept per dataset (bytes of numpy arrays); the least recent goes first.
 CACHE_BYTES = 512 << 20
-
-
-class ParquetError(ValueError):
-    """A Parquet input that cannot be trained on; the message names the file, column, row."""
-
-
-def parquet_files(path: str | os.PathLike) -> list[Path]:
-    """The files of ``path``: itself, or a directory's Parquet files sorted by name."""
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix in SUFFIXES and f.is_file())
-        if not files:
-            raise ParquetError(f"{p}: no Parquet files ({', '.join(SUFFIXES)}) in the directory")
-        return files
-    if not p.is_file():
-        raise ParquetError(f"{p}: no such file or directory")
-    return [p]
-
-
-def _is_int(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t)
-
-
-def _is_int_list(t: pa.DataType) -> bool:
-    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_int(t.value_type)
-
-
-def _is_float_list(t: pa.DataType) -> bool:
-    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_floating(t.value_type)
-
-
-def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-
-
-def read_schema(path: str | os.PathLike) -> pa.Schema:
-    """The first file's schema (the columns a job's validation checks names against)."""
-    first = parquet_files(path)[0]
-    try:
-        return pq.read_schema(first)
-    except (OSError, pa.ArrowException) as exc:
-        raise ParquetError(f"{first}: not a readable Parquet file: {exc}") from None
-
-
-@dataclass(frozen=True)
-class ParquetColumns:
-    """Which columns a job reads: ``features`` (categorical, in the file's column order),
-    ``dense``, ``label`` and ``weights`` (``{feature: column}``)."""
-
-    features: tuple[str, ...]
-    dense: tuple[str, ...]
-    label: str
-    weights: Mapping[str, str]
-
-
-def resolve_columns(
-    schema: pa.Schema,
-    *,
-    label: str = "label",
-    dense: Sequence[str] | None = None,
-    features: Sequence[str] | None = None,
-    weights: Mapping[str, str] | None = None,
-    where: str = "",
-) -> ParquetColumns:
-    """The job's columns from a file's schema: ``features`` None: every integer or
-    ``list<integer>`` column but the label (else those named, put in the file's order);
-    ``dense`` None: every float column but the label."""
-    names = list(schema.names)
-    weights = dict(weights or {})
-    taken = {label, *weights.values()}
-    if features is None:
-        feats = [
-            n
-            for n in names
-            if n not in taken
-            and (_is_int(schema.field(n).type) or _is_int_list(schema.field(n).type))
-        ]
-    else:
-        order = {n: i for i, n in enumerate(names)}
-        missing = [f for f in features if f not in order]
-        if missing:
-            raise ParquetError(
-                f"{where}column {missing[0]!r}: missing (a table's feature reads the column of "
-                f"its name; the file has {', '.join(names[:8])}{' ...' if len(names) > 8 else ''})"
-            )
-        feats = sorted(features, key=order.__getitem__)
-    if dense is None:
-        den = [
-            n
-            for n in names
-            if n not in taken and n not in feats and pa.types.is_floating(schema.field(n).type)
-        ]
-    else:
-        den = list(dense)
-    return ParquetColumns(tuple(feats), tuple(den), label, weights)
-
-
-def check_schema(file: Path, schema: pa.Schema, cols: ParquetColumns) -> None:
-    """Every column the job reads is in ``file`` with a type it can take."""
-
-    def want(name: str, ok: bool, what: str) -> None:
-        if name not in schema.names:
-            raise ParquetError(f"{file}: column {name!r}: missing ({what})")
-        if not ok:
-            raise ParquetError(
-                f"{file}: column {name!r}: type {schema.field(name).type}, expected {what}"
-            )
-
-    def typ(name: str) -> pa.DataType:
-        return schema.field(name).type if name in schema.names else pa.null()
-
-    want(cols.label, _is_number(typ(cols.label)), "the label: an integer or float column of 0/1")
-    for c in cols.dense:
-        want(c, _is_number(typ(c)), "a dense feature: an integer or float column")
-    for f in cols.features:
-        t = typ(f)
-        want(f, _is_int(t) or _is_int_list(t), "a feature's ids: int64 or list<int64>")
-    for f, c in cols.weights.items():
-        want(c, _is_float_list(typ(c)), f"feature {f!r}'s weights: list<float>")
 
 
 @dataclass

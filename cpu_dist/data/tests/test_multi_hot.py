@@ -5,11 +5,12 @@ shares make the global batch; the flags are checked."""
 import numpy as np
 import pytest
 
+from cpu_dist.common.data_checks import MLPERF_SIZES, parse_sizes
 from cpu_dist.common.flags import parse_args
 from cpu_dist.common.tables import categorical_names
 from cpu_dist.common.validate import ConfigError, validate
 from cpu_dist.data import make_dataset
-from cpu_dist.data.multi_hot import MLPERF_SIZES, MultiHot, parse_sizes
+from cpu_dist.data.multi_hot import MultiHot
 
 pytestmark = pytest.mark.timeout(60)
 
