@@ -139,12 +139,12 @@ def baseline(kind: str, args, job: Path, data: Path) -> dict:
     from cpu_dist.common.validate import validate
     from cpu_dist.data.factory import dataset_for
     from cpu_dist.data.features import BatchFeatures
-    from cpu_dist.models.factory import build_job_model
+    from cpu_dist.train.job_model import build_job_model
 
     cfg = validate(
         parse_args(["--config", str(job), "--data-path", str(data), "--batch-size",
-                    str(args.batch_size)]),
-        1,
+                    str(args.batch_size), "--worker-num", "1"]),
+        2,
     )  # fmt: skip
     dataset = dataset_for(cfg.data, cfg.train.seed)
     features = BatchFeatures(cfg.tables, dataset.kind)

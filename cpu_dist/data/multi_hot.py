@@ -3,7 +3,7 @@
 Each one-hot id of a Criteo feature becomes a bag of that feature's size: the id itself, then
 ``size - 1`` ids drawn uniformly from the feature's id space (its hash size, ``2**32`` where
 none is given).  The draws are a pure function of ``(seed, feature, id)`` (a counter-based
-hash, SplitMix64's finaliser), so a given id always brings the same bag, whichever worker
+hash, ``contracts.mix64``: SplitMix64), so a given id always brings the same bag, whichever worker
 reads it, in whichever batch, at whatever worker count: the distributed run and the
 single-process reference see the same bags.  MLPerf's reference precomputes these bags per
 id with its own generator; the scheme (one fixed bag per id, uniform draws) is the same, the
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cpu_dist.common.config import MULTI_HOT_DISTRIBUTIONS
+from cpu_dist.common.contracts import mix64
 from cpu_dist.common.data_checks import check_sizes
 from cpu_dist.data.batch import Bags
 
@@ -31,19 +32,9 @@ _SALT = 0x6D756C7469686F74  # "multihot"
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 (wrapping arithmetic), in place on a fresh array."""
-    x = x ^ (x >> np.uint64(30))
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
 def _mix_int(x: int) -> int:
-    """:func:`_mix` of one Python int (the per-feature salt, computed once)."""
-    return int(_mix(np.array([x & _MASK], dtype=np.uint64))[0])
+    """:func:`~cpu_dist.common.contracts.mix64` of one Python int (a salt, computed once)."""
+    return int(mix64(np.array([x & _MASK], dtype=np.uint64))[0])
 
 
 class MultiHot:
@@ -92,9 +83,10 @@ class MultiHot:
         out = np.empty((ids.shape[0], s), dtype=np.int64)
         out[:, 0] = ids
         if s > 1:
-            h = _mix(ids.astype(np.uint64) ^ np.uint64(self._salts[f]))
+            h = mix64(ids.astype(np.uint64) ^ np.uint64(self._salts[f]))
             steps = (np.arange(1, s, dtype=np.uint64) * np.uint64(_GOLDEN)).astype(np.uint64)
-            drawn = _mix(h[:, None] + steps[None, :])
+            with np.errstate(over="ignore"):
+                drawn = mix64(h[:, None] + steps[None, :])
             drawn %= np.uint64(self.hash_sizes[f])
             out[:, 1:] = drawn.astype(np.int64)
         return out
