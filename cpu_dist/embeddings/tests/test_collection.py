@@ -243,6 +243,30 @@ def test_pool_bags_by_hand():
         pool_bags(rows, idx, off, None, "max")
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pool_bags_gradient_is_autograds_own(mode, weighted):
+    """The scattered backward (one index_add_) gives the rows the gradient autograd's
+    embedding_bag gives them: empty bags, repeated ids, a bag of most of the values."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(50, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    idx = torch.randint(0, 50, (300,), generator=gen)
+    off = T([0, 3, 3, 10, 100, 250, 300])
+    w = torch.rand(300, dtype=torch.float64, generator=gen) if weighted else None
+    pooled = pool_bags(rows, idx, off, w, mode)
+    grad = torch.randn(pooled.shape, dtype=torch.float64, generator=gen)
+    (ours,) = torch.autograd.grad(pooled, rows, grad)
+    ref = torch.nn.functional.embedding_bag(
+        idx, rows, off, mode="sum", per_sample_weights=w, include_last_offset=True
+    )
+    if mode == "mean":
+        ref = ref / (off[1:] - off[:-1]).clamp(min=1).unsqueeze(1)
+    (theirs,) = torch.autograd.grad(ref, rows, grad)
+    assert torch.equal(pooled, ref)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    assert ours.abs().sum() > 0
+
+
 def test_errors_name_the_feature_table_and_id():
     ebc = EmbeddingBagCollection(tables())
     short = KeyedJaggedTensor.from_lengths_sync(["clicked", "query"], T([1, 2]), T([1, 1]))

@@ -97,3 +97,19 @@ def test_a_resumed_session_counts_job_steps_from_its_first(shard):
     assert up.committed == 100
     assert shard.committed_step(14) == 0  # the shards count the session's own steps
     up.finish(100)
+
+
+def test_one_workers_key_union_is_its_own_keys_without_a_sort():
+    """A single worker's union is the keys it holds: the same array back (no exchange, no
+    sort) where they are strictly increasing, as every caller's are; ``np.unique`` else."""
+    from cpu_dist.sparse.aggregation import key_union, key_unions
+
+    keys = np.array([-5, 2, 7, 2**40], dtype=np.int64)
+    assert key_union(MPI.COMM_SELF, keys) is keys
+    assert key_unions(MPI.COMM_SELF, {"a": keys})["a"] is keys
+    messy = np.array([7, 2, 7, -5], dtype=np.int64)
+    assert key_union(MPI.COMM_SELF, messy).tolist() == [-5, 2, 7]
+    out = make_aggregation("ps", MPI.COMM_SELF, exchange_ids=True).reduce_tables(
+        {"a": (keys, np.ones((4, 2), np.float32)), "b": (messy[:0], np.ones((0, 2), np.float32))}
+    )
+    assert out["a"].written is keys and out["b"].written.tolist() == []
