@@ -121,6 +121,21 @@ uint8_t* ShardTable::flags_ptr(const Slots& s, uint32_t slot) const {
          r * ((dim_ + sw_) * sizeof(float) + 2 * sizeof(int64_t)) + (slot & 0xFFFFu);
 }
 
+void ShardTable::prefetch_slot(const Slots& s, uint32_t slot, bool state, bool meta) const {
+  const char* row = reinterpret_cast<const char*>(row_ptr(s, slot));
+  const size_t row_bytes = size_t{dim_} * sizeof(float);
+  for (size_t off = 0; off < row_bytes; off += kCacheLine) __builtin_prefetch(row + off, 1);
+  if (state) {
+    const char* st = reinterpret_cast<const char*>(state_ptr(s, slot));
+    for (size_t off = 0; off < size_t{sw_} * sizeof(float); off += kCacheLine)
+      __builtin_prefetch(st + off, 1);
+  }
+  if (meta) {
+    __builtin_prefetch(step_ptr(s, slot), 1);
+    __builtin_prefetch(flags_ptr(s, slot), 1);
+  }
+}
+
 void ShardTable::init_row(int64_t key, float* out) const {
   // Same arithmetic as cpu_dist::row_init(seed, salt, ...), with the per-row part computed once
   // (seed_ is the spec's seed ^ the table's salt).
@@ -257,7 +272,7 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
   std::vector<char> values;
   std::vector<uint8_t> found;
   std::vector<float> fresh, ssd_state;
-  constexpr size_t kAhead = 8;
+  const bool with_meta = step_out != nullptr || moving;
   bool first = true;
   for (size_t s = 0; s < stripes_.size(); ++s) {
     if (starts[s] == starts[s + 1]) continue;
@@ -265,17 +280,17 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
       hooks_->reach(TestPoint::kPullBetweenStripes);
     Stripe& st = stripes_[s];
     std::lock_guard<std::mutex> lock(st.mu);
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+    const uint32_t end = starts[s + 1];
+    for (uint32_t j = starts[s]; j < end; ++j) {
+      if (j + kPrefetchAhead < end) st.s.index.prefetch(keys[order[j + kPrefetchAhead]]);
       const uint32_t i = order[j];
       auto it = st.s.index.find(keys[i]);
       src[j] = it != st.s.index.end() ? row_ptr(st.s, slot[j] = it->second) : nullptr;
       if (src[j] != nullptr) __builtin_prefetch(src[j]);
     }
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
-      if (j + kAhead < starts[s + 1] && src[j + kAhead] != nullptr) {
-        const char* ahead = reinterpret_cast<const char*>(src[j + kAhead]);
-        for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(ahead + off);
-      }
+    for (uint32_t j = starts[s]; j < end; ++j) {
+      if (j + kPrefetchAhead < end && src[j + kPrefetchAhead] != nullptr)
+        prefetch_slot(st.s, slot[j + kPrefetchAhead], state_out != nullptr, with_meta);
       const uint32_t i = order[j];
       if (src[j] == nullptr) {
         missing.push_back(j);

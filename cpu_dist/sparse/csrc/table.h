@@ -303,6 +303,10 @@ class ShardTable {
   static constexpr uint32_t kFirstBlockRows = 64;
   static constexpr uint32_t kMaxBlockRows = 16384;  // must stay <= 65536 (16-bit offset)
   static constexpr uint32_t kNoSlot = UINT32_MAX;
+  static constexpr size_t kCacheLine = 64;
+  // How many rows ahead of its use a batch loop asks for a row (prefetch_slot) or an index
+  // probe: enough misses in flight to cover DRAM latency, few enough to stay in L1/L2.
+  static constexpr uint32_t kPrefetchAhead = 8;
   // flags byte of a slot
   static constexpr uint8_t kUsed = 1, kRef = 2, kDirty = 4, kOnSsd = 8, kPinned = 16;
 
@@ -317,6 +321,10 @@ class ShardTable {
   int64_t* key_ptr(const Slots& s, uint32_t slot) const;
   int64_t* step_ptr(const Slots& s, uint32_t slot) const;
   uint8_t* flags_ptr(const Slots& s, uint32_t slot) const;
+  // Asks the CPU for a slot's row lines (its state lines where `state`, its step and flags where
+  // `meta`) ahead of their use, so that the cache misses of a batch's next rows overlap: the
+  // rows are random over the table, and one miss per row in turn bounds small RPCs otherwise.
+  void prefetch_slot(const Slots& s, uint32_t slot, bool state, bool meta) const;
 
   // ---- slots (table.cc); the caller holds the stripe's lock ----
   // A slot for `key`, in the index, flags kUsed; kNoSlot (nothing changed) when the key is

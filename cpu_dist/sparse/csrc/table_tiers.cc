@@ -232,14 +232,16 @@ void ShardTable::prepare_locked(Pass& p, bool write_ahead) {
       Stripe& st = stripes_[s];
       std::lock_guard<std::mutex> lock(st.mu);
       missing.clear();
-      for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const uint32_t end = starts[s + 1];
+      for (uint32_t j = starts[s]; j < end; ++j) {
+        if (j + kPrefetchAhead < end) st.s.index.prefetch(keys[order[j + kPrefetchAhead]]);
         auto it = st.s.index.find(keys[order[j]]);
         if (it == st.s.index.end()) {
           missing.push_back(j);
           continue;
         }
         slots[j] = it->second;
-        *flags_ptr(st.s, it->second) |= pin;
+        if (pin != 0) *flags_ptr(st.s, it->second) |= pin;  // no line touched without tiers
       }
       if (!missing.empty()) {
         const size_t vb = ssd_get_missing(st.s, keys, order.data(), missing, mkeys, values, found);
@@ -311,7 +313,13 @@ std::optional<TierError> ShardTable::finish_locked(Pass& p) {
     if (starts[s] == starts[s + 1]) continue;
     Stripe& st = stripes_[s];
     std::lock_guard<std::mutex> lock(st.mu);
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+    const uint32_t end = starts[s + 1];
+    const bool meta = store_ != nullptr || ctx != nullptr;  // flags / step written below
+    for (uint32_t j = starts[s]; j < std::min(end, starts[s] + kPrefetchAhead); ++j)
+      if (slots[j] != kNoSlot) prefetch_slot(st.s, slots[j], true, meta);
+    for (uint32_t j = starts[s]; j < end; ++j) {
+      if (j + kPrefetchAhead < end && slots[j + kPrefetchAhead] != kNoSlot)
+        prefetch_slot(st.s, slots[j + kPrefetchAhead], true, meta);
       const uint32_t i = order[j], slot = slots[j];
       if (slot == kNoSlot) {
         ctx->waiting.push_back(keys[i]);
