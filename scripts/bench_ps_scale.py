@@ -19,9 +19,12 @@ Phases:
  4. a fresh tiered shard (DRAM tier 10 % of the rows, SSD tier in --dir) restores it
     (restore_tiered_gbps: 90 % of the rows go into sorted SST files); ssd_bytes_per_row =
     bytes of the SSD tier's directory over rows on SSD x 4D; the same pull trace after a
-    warm-up pass: tiered_pull_ratio = its rows/s over phase 1's.  Whether the SSD files sat
-    in the page cache during the measurement is measured with fincore; where the page cache
-    can be dropped, the trace runs again cold (tiered_pull_ratio_cold).
+    warm-up pass: tiered_pull_ratio = its rows/s over phase 1's.  What that figure depends on
+    is measured around it (``tiered_conditions``): the SSD files' page-cache residency before
+    and after (fincore), memory available, the shard's and the machine's major faults, and
+    the cores other processes kept busy; ``tiered_pull_ratio_lowered_by`` names each of them
+    that would lower it (empty: none).  Where the page cache can be dropped, the trace runs
+    again cold (tiered_pull_ratio_cold, tiered_cold_conditions).
  5. export_gbps: the serving bundle of the shard restored in phase 3 (`export_from_client`, as
     the launcher's --export writes it): bundle bytes over the seconds to dump and write.
 
@@ -146,6 +149,97 @@ def cached_fraction(root: Path) -> float | None:
     return round(res / size, 3) if size else None
 
 
+def _proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (field 3 onwards)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _meminfo_bytes(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _vmstat(key: str) -> int:
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        name, value = line.split()
+        if name == key:
+            return int(value)
+    raise KeyError(key)
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds every core spent outside idle and iowait since boot (/proc/stat)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class Conditions:
+    """What a timed phase's figure depends on besides our code, measured around it: the SSD
+    files' page-cache residency before and after, memory available, major faults (the
+    shard's and the machine's: a fault is a read from disk on the critical path), and the
+    cores other processes kept busy (a build beside the benchmark).  ``why`` names each
+    condition that would lower a tiered figure."""
+
+    def __init__(self, shard_pid: int, ssd: Path) -> None:
+        self.pid, self.ssd = shard_pid, ssd
+
+    def _sample(self) -> dict:
+        f = _proc_stat(self.pid)
+        me = _proc_stat(os.getpid())
+        tck = os.sysconf("SC_CLK_TCK")
+        return {
+            "t": time.perf_counter(),
+            "majflt": int(f[9]),
+            "cpu": (int(f[11]) + int(f[12])) / tck,
+            "my_cpu": (int(me[11]) + int(me[12])) / tck,
+            "sys_majflt": _vmstat("pgmajfault"),
+            "busy": _busy_cpu_seconds(),
+            "avail": _meminfo_bytes("MemAvailable"),
+            "cached": cached_fraction(self.ssd),
+        }
+
+    def __enter__(self) -> Conditions:
+        self._before = self._sample()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        a, b = self._before, self._sample()
+        secs = max(b["t"] - a["t"], 1e-9)
+        ours = (b["cpu"] - a["cpu"]) + (b["my_cpu"] - a["my_cpu"])
+        self.figures = {
+            "ssd_page_cache_before": a["cached"],
+            "ssd_page_cache_after": b["cached"],
+            "ssd_dir_bytes": dir_bytes(self.ssd),
+            "mem_available_bytes_before": a["avail"],
+            "mem_available_bytes_after": b["avail"],
+            "shard_major_faults": b["majflt"] - a["majflt"],
+            "machine_major_faults": b["sys_majflt"] - a["sys_majflt"],
+            "shard_cores": round((b["cpu"] - a["cpu"]) / secs, 2),
+            "other_cores_busy": round(max(0.0, (b["busy"] - a["busy"]) - ours) / secs, 2),
+            "cores": os.cpu_count(),
+        }
+
+    def why(self) -> list[str]:
+        f, out = self.figures, []
+        seen = (f["ssd_page_cache_before"], f["ssd_page_cache_after"])
+        cached = [c for c in seen if c is not None]  # None: fincore missing
+        if cached and min(cached) < 0.9:
+            out.append(f"the SSD files were {min(cached):.0%} in the page cache: reads hit disk")
+        if f["shard_major_faults"] > 0:
+            out.append(f"{f['shard_major_faults']} major faults in the shard (reads from disk)")
+        if f["mem_available_bytes_before"] < f["ssd_dir_bytes"]:
+            out.append(
+                f"{f['mem_available_bytes_before'] / 1e9:.1f} GB available, less than the SSD "
+                f"tier's {f['ssd_dir_bytes'] / 1e9:.1f} GB: its files cannot all stay cached"
+            )
+        if f["other_cores_busy"] >= 0.25:
+            out.append(f"other processes kept {f['other_cores_busy']} cores busy")
+        return out
+
+
 def dir_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
@@ -267,13 +361,19 @@ def main() -> None:
     r["ssd_live_bytes_per_row"] = round(st["ssd_bytes"] / st["rows_ssd"] / (DIM * 4), 3)
     np.testing.assert_array_equal(shard.client.pull(sample), want)
     pull_rate(shard.client, trace, args.pull_seconds / 2)  # warm-up: hot rows come to DRAM
-    r["ssd_page_cache_before_pulls"] = cached_fraction(ssd)
-    tiered_rate = pull_rate(shard.client, trace, args.pull_seconds)
-    r["ssd_page_cache_after_pulls"] = cached_fraction(ssd)
+    with Conditions(shard.proc.pid, ssd) as cond:
+        tiered_rate = pull_rate(shard.client, trace, args.pull_seconds)
+    r["ssd_page_cache_before_pulls"] = cond.figures["ssd_page_cache_before"]
+    r["ssd_page_cache_after_pulls"] = cond.figures["ssd_page_cache_after"]
+    r["tiered_conditions"] = cond.figures
+    # Empty: nothing measured that would lower it (files resident, no faults, no other load).
+    r["tiered_pull_ratio_lowered_by"] = cond.why()
     r["tiered_pull_ratio"] = round(tiered_rate / dram_rate, 3)
     r["pull_rows_per_s"] = {"dram": round(dram_rate), "tiered": round(tiered_rate)}
     if drop_page_cache():
-        cold = pull_rate(shard.client, trace, args.pull_seconds)
+        with Conditions(shard.proc.pid, ssd) as cold_cond:
+            cold = pull_rate(shard.client, trace, args.pull_seconds)
+        r["tiered_cold_conditions"] = cold_cond.figures
         r["tiered_pull_ratio_cold"] = round(cold / dram_rate, 3)
         r["pull_rows_per_s"]["tiered_cold"] = round(cold)
     else:
