@@ -13,7 +13,9 @@
     the PS, seconds per step exposed to sparse traffic (pull + commit waits + push, which holds
     the cache's coherence work), samples/s.
 The last line is one JSON object (prescan_vs_belady_5pct, bytes_saved_5pct,
-sparse_time_saved_5pct, speedup_5pct: the headline figures are prescan + collective).
+sparse_time_saved_5pct, speedup_5pct: the headline figures are prescan + collective;
+pull_bytes_over_misses_5pct: the cached run's bytes pulled over its misses x row bytes, 1.0
+when it pulls nothing but its misses; training.*.bytes_pulled: each pair's absolute bytes).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cpu_dist.common.config import ModelConfig  # noqa: E402
 from cpu_dist.data import make_dataset  # noqa: E402
 from cpu_dist.testing.jobs import measured_flags, run_job  # noqa: E402
 from cpu_dist.train.metrics import read_summary  # noqa: E402
@@ -39,6 +42,9 @@ from gpu_cache._metadata import BagPipeCacheMetadata  # noqa: E402
 from gpu_cache.controller import admit_misses  # noqa: E402
 from gpu_cache.plans import FAR, PrescanPlanner  # noqa: E402
 from gpu_cache.storage import ROWS_PER_UNIT  # noqa: E402
+
+# Bytes of one pulled row: the jobs run here use the default width, float32 rows.
+ROW_BYTES = ModelConfig.embedding_dim * 4
 
 
 class OneRank:
@@ -166,6 +172,11 @@ def training_part(args) -> dict:
                 for p, c in pairs
             ],
             "prescan_startup_s": cached.get("prescan_startup_s"),
+            # What the cached run pulled over what its misses need (one row each): 1.0 when
+            # it pulls nothing but its misses.
+            "pull_bytes_over_misses": cached["bytes_pulled"]
+            / max(1, (cached["cache_lookups"] - cached["cache_hits"]) * ROW_BYTES),
+            "bytes_pulled": [[p["bytes_pulled"], c["bytes_pulled"]] for p, c in pairs],
         }
     return out
 
@@ -205,6 +216,8 @@ def main() -> None:
             bytes_saved_5pct_ps=round(train["ps"]["bytes_saved"], 4),
             sparse_time_saved_5pct_ps=round(train["ps"]["sparse_time_saved"], 4),
             speedup_5pct_ps=round(train["ps"]["speedup"], 4),
+            pull_bytes_over_misses_5pct=round(head["pull_bytes_over_misses"], 4),
+            pull_bytes_over_misses_5pct_ps=round(train["ps"]["pull_bytes_over_misses"], 4),
             training=train,
         )
     print(json.dumps(line), flush=True)
