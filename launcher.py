@@ -7,7 +7,6 @@ shards (C++, sparse rows over gRPC).  ``python launcher.py --help`` lists every 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -22,8 +21,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_launch_environment()  # without PMIx, OpenMPI would abort inside MPI_Init
     except RuntimeError as exc:
-        if os.environ.get("SLURM_PROCID", "0") == "0":
-            print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)
+        # Every task says it (each names its task number): srun ends the step's other tasks
+        # as soon as one exits, so a message left to task 0 was lost when another task, on a
+        # loaded node, exited before task 0 had printed.
+        print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)
         return 2
     from mpi4py import MPI
 

@@ -189,8 +189,7 @@ from cpu_dist.common.slurm import check_launch_environment, check_world_size
 try:
     check_launch_environment()          # before MPI_Init, as the real launcher does
 except RuntimeError as exc:
-    if os.environ.get("SLURM_PROCID", "0") == "0":
-        print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)
+    print(f"launcher.py: error: {exc}", file=sys.stderr, flush=True)  # every task, as launcher.py
     sys.exit(2)
 from mpi4py import MPI
 world = MPI.COMM_WORLD
