@@ -123,13 +123,12 @@ void ShardTable::stage_rows(Staged& staged, const int64_t* keys, const float* va
       if (staged.stripes[s].index.size() + dram[s - first].size() < stripes_[s].cap)
         dram[s - first].push_back(static_cast<uint32_t>(i));
     }
-    constexpr size_t kAhead = 8;
     for (size_t s = first; s < end; ++s) {
       Slots& sl = staged.stripes[s];
       const std::vector<uint32_t>& rows = dram[s - first];
       for (size_t q = 0; q < rows.size(); ++q) {
-        if (q + kAhead < rows.size()) {
-          const size_t ahead = rows[q + kAhead];
+        if (q + kPrefetchAhead < rows.size()) {
+          const size_t ahead = rows[q + kPrefetchAhead];
           __builtin_prefetch(values + ahead * dim_);
           sl.index.prefetch(keys[ahead]);
         }
