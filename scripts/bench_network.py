@@ -19,10 +19,13 @@ limited to --link-gbit Gbit/s in both directions with tc tbf.  Modes, each with 
 Samples/s come from each run's summary, the best of --rounds rounds (all modes once per
 round, so a busy spell of a shared machine slows one run of a mode, not all of them);
 bytes_per_step_<mode> is what worker 0's PS client moved per step (pulls + pushes, keys
-included; evaluation reads are not counted); shard_cpu_ms_per_step_<mode> the shard's CPU
-time per step (it shares these cores).  The last line is one JSON object with sps_<mode>,
-bytes_per_step_<mode>, shard_cpu_ms_per_step_<mode>, the ratios the issue names, and
-unlimited_vs_sync: what the link costs in that run, which bounds every mode's gain.  Where
+included; evaluation reads are not counted), pulled_per_step_<mode> and pushed_per_step_<mode>
+its two parts (a cache saves pulls only: it mirrors rows, the PS still gets every gradient);
+shard_cpu_ms_per_step_<mode> the shard's CPU time per step (it shares these cores).  The last
+line is one JSON object with sps_<mode>, bytes_per_step_<mode> and its parts,
+shard_cpu_ms_per_step_<mode>, the ratios the issue names (cache_vs_sync_collective: the cache
+against the uncached run of its own aggregation), and unlimited_vs_sync: what the link costs
+in that run, which bounds every mode's gain.  Where
 this machine cannot make network namespaces the script says so and measures nothing.
 """
 
@@ -161,6 +164,8 @@ def main() -> None:
     for name, r in res.items():
         line[f"sps_{name}"] = r["samples_per_s"]
         line[f"bytes_per_step_{name}"] = r["bytes_per_step"]
+        line[f"pulled_per_step_{name}"] = r["pulled_per_step"]
+        line[f"pushed_per_step_{name}"] = r["pushed_per_step"]
         line[f"shard_cpu_ms_per_step_{name}"] = r["shard_cpu_ms_per_step"]
     sps = {k: v["samples_per_s"] for k, v in res.items()}
     for name, base in [

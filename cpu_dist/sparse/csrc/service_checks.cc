@@ -10,6 +10,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "finite.h"
 #include "service.h"
 #include "status_util.h"
 
@@ -17,20 +18,6 @@ namespace cpu_dist::ps {
 
 using grpc::Status;
 using grpc::StatusCode;
-
-namespace {
-
-// Index of the first float whose exponent bits are all ones (NaN or infinity), or n.
-size_t first_non_finite(const char* data, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, data + i * sizeof(float), sizeof(bits));
-    if ((bits & 0x7f800000u) == 0x7f800000u) return i;
-  }
-  return n;
-}
-
-}  // namespace
 
 Status PsService::check_token(const std::string* token) const {
   if (token == nullptr || token->empty())

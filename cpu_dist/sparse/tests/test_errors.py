@@ -42,6 +42,13 @@ def bad_grads(n, row, value, dim=DIM):
     return g.tobytes()
 
 
+def two_bad_grads(n):
+    """``n`` rows of ones with inf at row 30, column 1 and nan at row 35, column 3."""
+    g = np.ones((n, DIM), np.float32)
+    g[30, 1], g[35, 3] = np.inf, np.nan
+    return g.tobytes()
+
+
 def expect(call, code, fragment):
     """``call`` fails with ``code`` and a message holding ``fragment``."""
     with pytest.raises(grpc.RpcError) as ei:
@@ -88,6 +95,12 @@ def _pull_push_cases(pb, P, PU, pull, push, IA, NF, UA):
             PU(**{**push, "grads": bad_grads(4, row=2, value=np.nan)}),
             IA,
             "non-finite gradient in push: key 3 column 1 is nan",
+        ),
+        (  # the first of two, past the check's first block of 64 floats and not on a boundary
+            "Push",
+            PU(**{**push, "keys": keys_bytes(range(1000, 1040)), "grads": two_bad_grads(40)}),
+            IA,
+            "non-finite gradient in push: key 1030 column 1 is inf",
         ),
         ("Push", PU(**{**push, "optimizer": 7}), IA, "unknown optimizer 7"),
     ]
@@ -259,6 +272,9 @@ def test_client_refuses_non_finite_gradients_and_bad_lr_before_sending(cluster_f
     msg = r"key 7 in commit of session 1 step 0 rank 0 \(row 2, column 0\) is not finite .*nan"
     with pytest.raises(ValueError, match=msg):
         cl.commit(1, 0, 0, 1, k, g, 0.1)
+    many = np.arange(1000, 1040, dtype=np.int64)  # the first of two, past the first block
+    with pytest.raises(ValueError, match=r"key 1030 in push \(row 30, column 1\) .* \(inf\)"):
+        cl.push(many, np.frombuffer(two_bad_grads(40), np.float32).reshape(40, DIM), 0.1)
     with pytest.raises(ValueError, match="gradient of key 5"):
         cl.commit_async(1, 0, 0, 1, k, np.full((3, DIM), -np.inf, np.float32), 0.1)
     for lr in (0.0, -0.1, float("nan"), float("inf"), 1e39):

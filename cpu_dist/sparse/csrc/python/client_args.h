@@ -14,6 +14,7 @@
 #include "client.h"
 #include "commit_limits.h"
 #include "convert.h"
+#include "finite.h"
 #include "handle.h"
 
 namespace cpu_dist::python {
@@ -50,14 +51,14 @@ inline void check_finite(const KeysArray& keys, const RowsArray& grads, const st
   const float* g = grads.data();
   const size_t dim = static_cast<size_t>(grads.shape(1));
   const size_t count = static_cast<size_t>(grads.size());
-  for (size_t i = 0; i < count; ++i)
-    if (!std::isfinite(g[i]))
-      throw py::value_error("gradient of key " + std::to_string(keys.data()[i / dim]) + " in " +
-                            where + " (row " + std::to_string(i / dim) + ", column " +
-                            std::to_string(i % dim) + ") is not finite as float32 (" +
-                            std::to_string(g[i]) +
-                            "): a NaN, an infinity, or a float64 value beyond float32's range; "
-                            "nothing was sent");
+  const size_t i = ps::first_non_finite(g, count);
+  if (i < count)
+    throw py::value_error("gradient of key " + std::to_string(keys.data()[i / dim]) + " in " +
+                          where + " (row " + std::to_string(i / dim) + ", column " +
+                          std::to_string(i % dim) + ") is not finite as float32 (" +
+                          std::to_string(g[i]) +
+                          "): a NaN, an infinity, or a float64 value beyond float32's range; "
+                          "nothing was sent");
 }
 
 inline void check_rank(uint32_t rank, uint32_t world_size) {
