@@ -260,7 +260,8 @@ class Worker:
         with self.timer("data"):
             ahead = self._next_batch()
         if ahead is not None:
-            self.pipeline.prefetch(step + 1, {n: p[0] for n, p in ahead[1].items()})
+            with self.timer("pull"):  # starting a read is reading (the catch-up's is not free)
+                self.pipeline.prefetch(step + 1, {n: p[0] for n, p in ahead[1].items()})
         return ahead
 
     def _dense_step(self, step: int) -> None:
