@@ -2,9 +2,12 @@
 // many tables in one call).  Internal to the client library.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -96,13 +99,21 @@ inline bool read_rows(wire::SliceReader& r, Encoding enc, uint32_t dim, const ui
 }
 
 // The distinct keys of a pull: first() holds the position of each one's first occurrence;
-// copy_duplicates() then gives every later occurrence its first occurrence's row.
+// copy_duplicates() then gives every later occurrence its first occurrence's row.  Keys that
+// are strictly increasing (every step pipeline pulls a batch's sorted unique keys) are
+// distinct without a look: one pass, no hash map of the whole pull.
 class FirstOccurrences {
  public:
-  FirstOccurrences(const int64_t* keys, size_t n) : uid_(n) {
+  FirstOccurrences(const int64_t* keys, size_t n) {
+    first_.reserve(n);
+    if (std::adjacent_find(keys, keys + n, std::greater_equal<int64_t>()) == keys + n) {
+      first_.resize(n);
+      std::iota(first_.begin(), first_.end(), 0u);
+      return;
+    }
+    uid_.resize(n);
     absl::flat_hash_map<int64_t, uint32_t> index;
     index.reserve(n);
-    first_.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       auto [it, inserted] = index.try_emplace(keys[i], static_cast<uint32_t>(first_.size()));
       if (inserted) first_.push_back(static_cast<uint32_t>(i));
@@ -122,7 +133,7 @@ class FirstOccurrences {
 
  private:
   std::vector<uint32_t> first_;
-  std::vector<uint32_t> uid_;  // per position: index of its key in first_
+  std::vector<uint32_t> uid_;  // per position: index of its key in first_ (empty: distinct)
 };
 
 }  // namespace cpu_dist::ps::client_calls
