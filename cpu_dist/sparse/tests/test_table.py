@@ -68,6 +68,13 @@ def test_duplicates_in_pull_and_push(cluster_factory):
     assert bits_equal(after[0], before[0] - ((grads[0] + grads[1]) + grads[3]))
     assert bits_equal(after[1], before[1] - (grads[2] + grads[4]))
     assert c.rows() == 2
+    # Sorted with repeats (not strictly increasing): still the duplicate path, same rows;
+    # strictly increasing keys: the rows of those keys, in order.
+    sorted_dups = cl.pull(np.array([3, 3, 9, 9, 9], dtype=np.int64))
+    assert bits_equal(sorted_dups[0], after[1]) and bits_equal(sorted_dups[1], after[1])
+    assert all(bits_equal(sorted_dups[i], after[0]) for i in (2, 3, 4))
+    increasing = cl.pull(np.array([3, 9], dtype=np.int64))
+    assert bits_equal(increasing[0], after[1]) and bits_equal(increasing[1], after[0])
 
 
 @pytest.mark.parametrize("num_shards", [2, 3])
