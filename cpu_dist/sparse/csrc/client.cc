@@ -319,7 +319,7 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   // Shared with the calls' decoders (and finish), which may outlive this frame (pull_async).
   auto firsts = std::make_shared<const FirstOccurrences>(keys, n);
   auto split = std::make_shared<const ShardSplit>(
-      keys, n, &firsts->first(), limits(), SplitRule::kSpreadOverChannels, next_channel_base());
+      keys, n, firsts->select(), limits(), SplitRule::kSpreadOverChannels, next_channel_base());
   PullRequest head;
   head.set_table(opts_.table);
   head.set_dim(dim);

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -98,20 +97,17 @@ inline bool read_rows(wire::SliceReader& r, Encoding enc, uint32_t dim, const ui
   return true;
 }
 
-// The distinct keys of a pull: first() holds the position of each one's first occurrence;
-// copy_duplicates() then gives every later occurrence its first occurrence's row.  Keys that
-// are strictly increasing (every step pipeline pulls a batch's sorted unique keys) are
-// distinct without a look: one pass, no hash map of the whole pull.
+// The distinct keys of a pull: select() holds the position of each one's first occurrence
+// (null: every position, as ShardSplit reads a null selection); copy_duplicates() then gives
+// every later occurrence its first occurrence's row.  Keys that are strictly increasing
+// (every step pipeline pulls a batch's sorted unique keys) are distinct without a look: one
+// pass, no hash map of the whole pull, no list of positions.
 class FirstOccurrences {
  public:
   FirstOccurrences(const int64_t* keys, size_t n) {
-    first_.reserve(n);
-    if (std::adjacent_find(keys, keys + n, std::greater_equal<int64_t>()) == keys + n) {
-      first_.resize(n);
-      std::iota(first_.begin(), first_.end(), 0u);
-      return;
-    }
+    if (std::adjacent_find(keys, keys + n, std::greater_equal<int64_t>()) == keys + n) return;
     uid_.resize(n);
+    first_.reserve(n);
     absl::flat_hash_map<int64_t, uint32_t> index;
     index.reserve(n);
     for (size_t i = 0; i < n; ++i) {
@@ -120,7 +116,7 @@ class FirstOccurrences {
       uid_[i] = it->second;
     }
   }
-  const std::vector<uint32_t>& first() const { return first_; }
+  const std::vector<uint32_t>* select() const { return uid_.empty() ? nullptr : &first_; }
   bool has_duplicates() const { return first_.size() < uid_.size(); }
   // out: `width` values per position.
   template <class T>
@@ -132,8 +128,8 @@ class FirstOccurrences {
   }
 
  private:
-  std::vector<uint32_t> first_;
-  std::vector<uint32_t> uid_;  // per position: index of its key in first_ (empty: distinct)
+  std::vector<uint32_t> first_;  // with uid_ only
+  std::vector<uint32_t> uid_;    // per position: index of its key in first_ (empty: distinct)
 };
 
 }  // namespace cpu_dist::ps::client_calls

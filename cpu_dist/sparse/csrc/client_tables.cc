@@ -196,7 +196,7 @@ std::shared_ptr<AsyncOp> PsClient::pull_tables_async(const std::vector<TableKeys
     st->seen.push_back(po.session ? std::make_shared<PullReport>(p.n, po.row_steps, po.row_states,
                                                                  st->widths.back())
                                   : nullptr);
-    split_in.push_back(TableKeys{p.keys, p.n, &st->firsts.back()->first(), table_salt(t.name)});
+    split_in.push_back(TableKeys{p.keys, p.n, st->firsts.back()->select(), table_salt(t.name)});
     names.push_back(t.name);
     table_of.push_back(p.table);
   }
