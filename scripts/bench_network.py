@@ -25,8 +25,8 @@ shard_cpu_ms_per_step_<mode> the shard's CPU time per step (it shares these core
 line is one JSON object with sps_<mode>, bytes_per_step_<mode> and its parts,
 shard_cpu_ms_per_step_<mode>, the ratios the issue names (cache_vs_sync_collective: the cache
 against the uncached run of its own aggregation), and unlimited_vs_sync: what the link costs
-in that run, which bounds every mode's gain.  Where
-this machine cannot make network namespaces the script says so and measures nothing.
+in that run, which bounds every mode's gain.  Where this machine cannot make network
+namespaces the script says so and measures nothing.
 """
 
 from __future__ import annotations
