@@ -5,18 +5,15 @@ Every rank runs them on the same argv, so every rank reaches the same verdict.""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
 
 from cpu_dist.common.config import (
     CacheConfig,
     CheckpointConfig,
     ClientConfig,
     Config,
-    DataConfig,
     JobConfig,
     ModelConfig,
     OutputConfig,
@@ -24,35 +21,21 @@ from cpu_dist.common.config import (
     TrainConfig,
     model_spec_problem,
 )
+from cpu_dist.common.config_errors import ConfigError, as_config_error
 from cpu_dist.common.contracts import default_init_scale
-from cpu_dist.common.data_checks import multi_hot_sizes, parquet_columns, parquet_schema
+from cpu_dist.common.data_checks import parquet_columns, parquet_schema
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.first_rank import launch_rank
 from cpu_dist.common.flag_warnings import ineffective_flags
 from cpu_dist.common.job_file_checks import (
     check_cache_tables,
     check_rows_budget,
-    job_file_bags,
     job_file_of,
     job_file_tables,
 )
 from cpu_dist.common.output_checks import check_outputs
-from cpu_dist.common.parquet_schema import ParquetColumns
 from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
-
-
-class ConfigError(ValueError):
-    """A flag or flag combination that cannot work; the message names the flag."""
-
-
-@contextlib.contextmanager
-def _as_config_error() -> Iterator[None]:
-    """The job file's checks (``job_file_checks``) raise JobFileError, the data checks
-    (``data_checks``) ValueError: the same message, as every other refusal of the flags."""
-    try:
-        yield
-    except ValueError as exc:  # JobFileError, and the data checks' (Parquet's: ParquetError)
-        raise ConfigError(str(exc)) from None
+from cpu_dist.common.validate_data import data_config
 
 
 def mlp_widths(spec: str, flag: str) -> tuple[int, ...]:
@@ -164,7 +147,7 @@ def _model(a: argparse.Namespace, tables: JobTables | None) -> ModelConfig:
     ):
         if value < 1:
             raise ConfigError(f"{flag} {value}: must be >= 1")
-    with _as_config_error():
+    with as_config_error():
         job_file = job_file_of(a)
     return ModelConfig(
         dim,
@@ -228,146 +211,6 @@ def _schedule(a: argparse.Namespace) -> None:
         raise ConfigError(f"--lr-min {a.lr_min}: must be a number >= 0")
 
 
-def _hash_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:
-    spec = a.num_embeddings_per_feature
-    if spec is None:
-        return None
-    try:
-        sizes = tuple(int(x) for x in spec.split(","))
-    except ValueError:
-        raise ConfigError(
-            f"--num-embeddings-per-feature {spec!r}: expected 26 integers joined by ','"
-        ) from None
-    if len(sizes) != 26:
-        raise ConfigError(
-            f"--num-embeddings-per-feature: {len(sizes)} sizes given, Criteo has 26 features"
-        )
-    if any(not 0 < n <= 2**32 for n in sizes):
-        raise ConfigError(f"--num-embeddings-per-feature {spec}: sizes must be in [1, 2**32]")
-    return sizes
-
-
-def data_config(
-    a: argparse.Namespace,
-    data_features: Sequence[str] = CATEGORICAL_FEATURES,
-    parquet: ParquetColumns | None = None,
-) -> DataConfig:
-    """The data section alone (tools that read the same batches as a job).  ``data_features``:
-    the features a job file's ``[data]`` bags and weights may name (the job's tables');
-    ``parquet``: Parquet data's columns (``data_checks.parquet_columns``; None: read here)."""
-    if a.data == "criteo":
-        if not a.data_path:
-            raise ConfigError("--data criteo needs --data-path FILE")
-        if os.path.isdir(a.data_path):
-            hint = (
-                " (a converted directory: --data criteo-bin)"
-                if os.path.isfile(os.path.join(a.data_path, "manifest.json"))
-                else ""
-            )
-            raise ConfigError(
-                f"--data-path {a.data_path}: is a directory; --data criteo reads one TSV file{hint}"
-            )
-        if not os.path.isfile(a.data_path):
-            raise ConfigError(f"--data-path {a.data_path}: no such file")
-    elif a.data == "criteo-bin":
-        if not a.data_path:
-            raise ConfigError("--data criteo-bin needs --data-path DIR")
-        if os.path.isfile(a.data_path):
-            raise ConfigError(
-                f"--data-path {a.data_path}: is a file; --data criteo-bin reads a directory "
-                "made by python -m cpu_dist.data.convert (a TSV file: --data criteo)"
-            )
-        if not os.path.exists(a.data_path):
-            raise ConfigError(f"--data-path {a.data_path}: no such directory")
-        if not os.path.isfile(os.path.join(a.data_path, "manifest.json")):
-            raise ConfigError(
-                f"--data-path {a.data_path}: no manifest.json (not a finished conversion: run "
-                "python -m cpu_dist.data.convert INPUT... --output DIR)"
-            )
-    elif a.data == "parquet":
-        if not a.data_path:
-            raise ConfigError("--data parquet needs --data-path FILE_OR_DIR (or [data] path)")
-        if not os.path.exists(a.data_path):
-            raise ConfigError(f"--data-path {a.data_path}: no such file or directory")
-    elif a.data_path:
-        raise ConfigError("--data-path is only read with --data criteo, criteo-bin or parquet")
-    if a.skip_bad_lines and a.data == "criteo-bin":
-        raise ConfigError(
-            "--skip-bad-lines applies to --data criteo; give it to the converter instead"
-        )
-    sizes = _hash_sizes(a)
-    if a.max_ind_range is not None and not 0 < a.max_ind_range <= 2**32:
-        raise ConfigError(f"--max-ind-range {a.max_ind_range}: must be in [1, 2**32]")
-    if a.epochs is not None and a.epochs < 1:
-        raise ConfigError(f"--epochs {a.epochs}: must be >= 1")
-    if a.data == "synthetic":
-        given = [
-            flag
-            for flag, value in (
-                ("--num-embeddings-per-feature", sizes),
-                ("--max-ind-range", a.max_ind_range),
-                ("--epochs", a.epochs),
-                ("--shuffle", a.shuffle or None),
-            )
-            if value is not None
-        ]
-        if given:
-            raise ConfigError(
-                f"{', '.join(given)}: only for --data criteo or criteo-bin (the synthetic "
-                "stream has its own key space and never ends)"
-            )
-    with _as_config_error():
-        if a.data == "parquet" and parquet is None:
-            parquet = parquet_columns(a, parquet_schema(a), None)
-        if parquet is not None:
-            data_features = parquet.features
-        bags, weights = job_file_bags(a, data_features)
-        sizes_mh = multi_hot_sizes(a)
-    if a.data == "parquet":
-        given = [
-            flag
-            for flag, value in (
-                ("--skip-bad-lines", a.skip_bad_lines or None),
-                ("--num-embeddings-per-feature", sizes),
-                ("--max-ind-range", a.max_ind_range),
-            )
-            if value is not None
-        ]
-        if given:
-            raise ConfigError(
-                f"{', '.join(given)}: only for Criteo data (Parquet ids reach the tables as "
-                "they are: give a job file's table its num_embeddings)"
-            )
-    return DataConfig(
-        kind=a.data,
-        path=a.data_path,
-        skip_bad_lines=a.skip_bad_lines,
-        zipf_exponent=a.zipf_exponent,
-        num_embeddings_per_feature=sizes,
-        max_ind_range=a.max_ind_range,
-        epochs=_epochs(a),
-        shuffle=a.shuffle,
-        bags=bags,
-        weights=weights,
-        multi_hot_sizes=sizes_mh,
-        multi_hot_distribution=a.multi_hot_distribution,
-        features=parquet.features if parquet is not None else (),
-        weight_columns=tuple(sorted(parquet.weights.items())) if parquet is not None else (),
-        label=parquet.label if parquet is not None else DataConfig.label,
-        dense=parquet.dense if parquet is not None else (),
-    )
-
-
-def _epochs(a: argparse.Namespace) -> int | None:
-    """--epochs, else one pass, unless --max_step alone says how long to train (then the
-    passes go on until it: None)."""
-    if a.epochs is not None:
-        return int(a.epochs)
-    if a.data != "synthetic" and getattr(a, "max_step", None) is not None:
-        return None
-    return DataConfig.epochs
-
-
 def _client(a: argparse.Namespace) -> ClientConfig:
     if a.ps_max_keys_per_rpc <= 0 or a.ps_channels <= 0:
         raise ConfigError("--ps-max-keys-per-rpc and --ps-channels must be positive")
@@ -395,7 +238,7 @@ def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
             "--ps-memory-rows and --ps-memory-bytes: give one DRAM budget (bytes count every "
             "row's values, state, key and metadata, whatever its table's width)"
         )
-    with _as_config_error():
+    with as_config_error():
         check_rows_budget(a, tables)
     if a.ps_memory_bytes and not a.ps_ssd_dir:
         raise ConfigError(
@@ -420,7 +263,7 @@ def _cache(
         if a.optimization_prescan:
             raise ConfigError("--optimization-prescan needs --read-mode bagpipe")
         return None
-    with _as_config_error():
+    with as_config_error():
         check_cache_tables(tables)
     if a.optimization_cache_capacity <= 0:
         raise ConfigError(
@@ -522,7 +365,7 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
     except OutputError as exc:
         raise ConfigError(str(exc)) from None
     parquet = None
-    with _as_config_error():  # first: it refuses the hashing flags beside it
+    with as_config_error():  # first: it refuses the hashing flags beside it
         schema = parquet_schema(args) if args.data == "parquet" else None
         tables = job_file_tables(args, train, None if schema is None else schema.candidates)
         if schema is not None:

@@ -78,7 +78,8 @@ def write(dataset: FileDataset, rows: range, out: Path, row_group_rows: int) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from cpu_dist.common.validate import ConfigError, data_config
+    from cpu_dist.common.config_errors import ConfigError
+    from cpu_dist.common.validate_data import data_config
     from cpu_dist.data.factory import dataset_for
 
     p = argparse.ArgumentParser(

@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from cpu_dist.common.config import DataConfig, TrainConfig
+from cpu_dist.common.config_errors import ConfigError
 from cpu_dist.common.files import atomic_write
 from cpu_dist.common.flags import add_data_flags
 from cpu_dist.common.job_file import JobFile, JobFileError, read_job_file
-from cpu_dist.common.validate import ConfigError, data_config
+from cpu_dist.common.validate_data import data_config
 from cpu_dist.data import dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
 from cpu_dist.models.scoring import evaluate
