@@ -44,6 +44,7 @@ from cpu_dist.models.factory import source_sha256
 from cpu_dist.sparse import Client
 from cpu_dist.sparse.reads import TableReads
 from cpu_dist.train import metrics
+from cpu_dist.train.divergence import why_not_finite
 from cpu_dist.train.dump import model_arrays, write_dump
 from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.evaluation import evaluate_model
@@ -208,7 +209,11 @@ class Worker:
             self.dense.zero_grad()
             loss = self.loss_fn(self.model(dense, kjt), labels)
         if not torch.isfinite(loss):  # before backward: name the cause, not a sparse key
-            raise NonFiniteLoss(self._non_finite(step, float(loss), rows, dense))
+            raise NonFiniteLoss(
+                why_not_finite(
+                    self.model, self.cfg.train, self.rank, step, float(loss), rows, dense
+                )
+            )
         with timer("backward"):
             loss.backward()
         if self.world > 1:  # load imbalance, measured apart from the collectives that follow
@@ -222,38 +227,6 @@ class Worker:
         with timer("push"):
             self.pipeline.submit(step, *self.rows.grads())
         return loss, ahead
-
-    def _non_finite(
-        self, step: int, loss: float, rows: dict[str, torch.Tensor], inputs: torch.Tensor
-    ) -> str:
-        """Why step ``step``'s loss is not finite, naming the dense side and the sparse side:
-        dense parameters that are not finite, else the largest one (finite parameters can
-        still overflow the forward pass), and whether the batch's rows and inputs are."""
-        t = self.cfg.train
-        named = list(dense_named_parameters(self.model))
-        bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
-        head = f"step {step} on worker {self.rank}: the loss is not finite ({loss})"
-        rows_ok = all(bool(torch.isfinite(r).all()) for r in rows.values())
-        inputs_ok = bool(torch.isfinite(inputs).all())
-        if bad:
-            shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
-            dense = f"dense parameters {shown} are not finite"
-        else:
-            name, p = max(named, key=lambda np_: float(np_[1].detach().abs().max()))
-            dense = (
-                f"the dense parameters are finite but the forward pass overflowed (largest: "
-                f"{name}, max |w| {float(p.detach().abs().max()):.3g})"
-            )
-        sparse = "the batch's embedding rows are " + ("finite" if rows_ok else "NOT finite")
-        if rows_ok:
-            largest = max((float(r.abs().max()) for r in rows.values() if r.numel()), default=0.0)
-            sparse += f" (max |row| {largest:.3g})"
-        data = "" if inputs_ok else "; the batch's dense inputs are not finite"
-        return (
-            f"{head}: {dense} after --dense-optimizer {t.dense_optimizer} updates at --lr "
-            f"{t.lr}; {sparse}{data}. Lower --lr (and --sparse-lr, {t.sparse_lr}, if the rows "
-            "grew)"
-        )
 
     def _ahead(self, step: int) -> Prepared | None:
         """The batch of ``step + 1``, its keys handed to the pipeline to read ahead."""
