@@ -101,12 +101,46 @@ def make_dataset(
         return ParquetData(
             path, parquet, eval_every=eval_every, epochs=epochs, shuffle=shuffle, seed=seed
         )
-    sizes = criteo_hash_sizes(num_embeddings_per_feature, max_ind_range, hash_size)
+    return _criteo(
+        kind,
+        path,
+        seed=seed,
+        hash_size=hash_size,
+        hash_sizes=criteo_hash_sizes(num_embeddings_per_feature, max_ind_range, hash_size),
+        skip_bad_lines=skip_bad_lines,
+        eval_every=eval_every,
+        epochs=epochs,
+        shuffle=shuffle,
+        multi_hot_sizes=multi_hot_sizes,
+        multi_hot_distribution=multi_hot_distribution,
+    )
+
+
+def _criteo(
+    kind: str,
+    path: str | os.PathLike,
+    *,
+    seed: int,
+    hash_size: int,
+    hash_sizes: Sequence[int],
+    skip_bad_lines: bool,
+    eval_every: int,
+    epochs: int | None,
+    shuffle: bool,
+    multi_hot_sizes: Sequence[int] | None,
+    multi_hot_distribution: str,
+) -> Dataset:
+    """The two Criteo kinds (``criteo``: a TSV file, ``criteo-bin``: a converted directory),
+    hashed to ``hash_sizes`` and, with ``multi_hot_sizes``, made multi-hot."""
     multi_hot = (
         None
         if multi_hot_sizes is None
         else MultiHot(
-            multi_hot_sizes, sizes, categorical_names(len(sizes)), seed, multi_hot_distribution
+            multi_hot_sizes,
+            hash_sizes,
+            categorical_names(len(hash_sizes)),
+            seed,
+            multi_hot_distribution,
         )
     )
     if kind == "criteo":
@@ -115,7 +149,7 @@ def make_dataset(
             hash_size=hash_size,
             skip_bad_lines=skip_bad_lines,
             eval_every=eval_every,
-            hash_sizes=sizes,
+            hash_sizes=hash_sizes,
             epochs=epochs,
             shuffle=shuffle,
             seed=seed,
@@ -123,7 +157,7 @@ def make_dataset(
         )
     return CriteoBinary(
         path,
-        hash_sizes=sizes,
+        hash_sizes=hash_sizes,
         eval_every=eval_every,
         epochs=epochs,
         shuffle=shuffle,
