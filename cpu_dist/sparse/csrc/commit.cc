@@ -339,14 +339,65 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
   return Status::OK;
 }
 
-size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait) {
-  // Per table: the chunks' rows summed in rank order, then chunk order (as one table's).
+// One rank's chunks (the world is that rank) whose keys rise strictly in every table, chunk
+// after chunk: its rows are distinct and already the step's mean (a sum over one rank, divided
+// by 1), so each table's rows are its parts laid end to end (`keys`, `grads`), without the
+// accumulator's per-row hash insert.  Bit for bit the same rows as accumulate's.  False, with
+// nothing filled, otherwise.
+bool CommitSessions::concatenate_distinct(const StepChunks& chunks, uint32_t world_size,
+                                          std::vector<std::vector<int64_t>>& keys,
+                                          std::vector<std::vector<float>>& grads) {
+  if (world_size != 1 || chunks.ranks.size() != 1) return false;
+  const auto& by_index = chunks.ranks.begin()->second.chunks;
   const size_t nt = chunks.tables.size();
-  std::vector<RowAccumulator> acc;
-  acc.reserve(nt);
-  for (const ChunkPart& t : chunks.tables) acc.emplace_back(t.table->dim());
-  for (auto& [rank, r] : chunks.ranks)  // rank order, then chunk order
-    for (auto& [index, ch] : r.chunks) {
+  std::vector<size_t> n(nt, 0);
+  std::vector<int64_t> last(nt);
+  for (const auto& [index, ch] : by_index) {
+    const char* k = ch.keys.data();
+    for (size_t t = 0; t < nt; ++t) {
+      const size_t cnt = ch.parts[t].count;
+      for (size_t i = 0; i < cnt; ++i, k += sizeof(int64_t)) {
+        int64_t key;
+        std::memcpy(&key, k, sizeof(key));
+        if (n[t] > 0 && key <= last[t]) return false;
+        last[t] = key;
+        ++n[t];
+      }
+    }
+  }
+  keys.assign(nt, {});
+  grads.assign(nt, {});
+  for (size_t t = 0; t < nt; ++t) {
+    keys[t].reserve(n[t]);
+    grads[t].reserve(n[t] * chunks.tables[t].table->dim());
+  }
+  for (const auto& [index, ch] : by_index) {
+    const char* k = ch.keys.data();
+    const char* g = ch.grads.data();
+    for (size_t t = 0; t < nt; ++t) {
+      const size_t cnt = ch.parts[t].count, width = chunks.tables[t].table->dim();
+      const size_t at = keys[t].size();
+      keys[t].resize(at + cnt);
+      grads[t].resize((at + cnt) * width);
+      std::memcpy(keys[t].data() + at, k, cnt * sizeof(int64_t));
+      std::memcpy(grads[t].data() + at * width, g, cnt * width * sizeof(float));
+      k += cnt * sizeof(int64_t);
+      g += cnt * width * sizeof(float);
+    }
+  }
+  return true;
+}
+
+void CommitSessions::accumulate(const StepChunks& chunks, uint32_t world_size,
+                                std::vector<RowAccumulator>& acc) {
+  const size_t nt = chunks.tables.size();
+  std::vector<size_t> n(nt, 0);  // an upper bound of each table's rows: no regrowth
+  for (const auto& [rank, r] : chunks.ranks)
+    for (const auto& [index, ch] : r.chunks)
+      for (size_t t = 0; t < nt; ++t) n[t] += ch.parts[t].count;
+  for (size_t t = 0; t < nt; ++t) acc[t].reserve(n[t]);
+  for (const auto& [rank, r] : chunks.ranks)  // rank order, then chunk order
+    for (const auto& [index, ch] : r.chunks) {
       const char* k = ch.keys.data();
       const char* g = ch.grads.data();
       for (size_t t = 0; t < nt; ++t) {  // same tables as the step's (check_chunk)
@@ -356,7 +407,36 @@ size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks, 
         g += cnt * chunks.tables[t].table->dim() * sizeof(float);
       }
     }
-  for (RowAccumulator& a : acc) a.divide(static_cast<float>(s.world_size));
+  for (RowAccumulator& a : acc) a.divide(static_cast<float>(world_size));
+}
+
+size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait) {
+  const size_t nt = chunks.tables.size();
+  std::vector<StepUpdate> updates(nt);
+  size_t rows = 0;
+  // Per table: the chunks' rows summed in rank order, then chunk order (as one table's), or
+  // only laid end to end where that is the same.
+  std::vector<std::vector<int64_t>> keys;
+  std::vector<std::vector<float>> grads;
+  std::vector<RowAccumulator> acc;
+  if (concatenate_distinct(chunks, s.world_size, keys, grads)) {
+    for (size_t t = 0; t < nt; ++t) {
+      const ChunkPart& p = chunks.tables[t];
+      updates[t] =
+          StepUpdate{p.table, keys[t].data(), grads[t].data(), keys[t].size(), p.lr, p.optimizer};
+      rows += keys[t].size();
+    }
+  } else {
+    acc.reserve(nt);
+    for (const ChunkPart& t : chunks.tables) acc.emplace_back(t.table->dim());
+    accumulate(chunks, s.world_size, acc);
+    for (size_t t = 0; t < nt; ++t) {
+      const ChunkPart& p = chunks.tables[t];
+      updates[t] = StepUpdate{p.table, acc[t].keys().data(), acc[t].sums().data(), acc[t].size(),
+                              p.lr,    p.optimizer};
+      rows += acc[t].size();
+    }
+  }
   // Before any row holds the step (Writes): the tables' highest step, then the counts, then
   // the session's own bound.
   const int64_t job_step = s.base_step + step;
@@ -365,14 +445,6 @@ size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks, 
   s.own_applies.fetch_add(1);
   s.begun.store(step);
   // The step rules count on job steps: the session's step 0 is job step base_step.
-  std::vector<StepUpdate> updates(nt);
-  size_t rows = 0;
-  for (size_t t = 0; t < nt; ++t) {
-    const ChunkPart& p = chunks.tables[t];
-    updates[t] = StepUpdate{p.table, acc[t].keys().data(), acc[t].sums().data(), acc[t].size(),
-                            p.lr,    p.optimizer};
-    rows += acc[t].size();
-  }
   commit_tables_step(updates, job_step, wait);
   return rows;
 }

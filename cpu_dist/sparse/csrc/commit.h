@@ -31,6 +31,8 @@
 
 namespace cpu_dist::ps {
 
+class RowAccumulator;  // merge.h
+
 // A chunk's share of one table: `count` consecutive keys of the chunk's keys (and their rows
 // of the table's dim in grads), the table's lr and optimizer for the step.
 struct ChunkPart {
@@ -212,6 +214,13 @@ class CommitSessions {
                            bool wait, bool* blocked);
   // Throws; the tables are unchanged then (but for expiry drops: ShardTable::commit_step).
   size_t apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait);
+  // One rank's distinct rows, each table's laid end to end; false where they need summing.
+  static bool concatenate_distinct(const StepChunks& chunks, uint32_t world_size,
+                                   std::vector<std::vector<int64_t>>& keys,
+                                   std::vector<std::vector<float>>& grads);
+  // Otherwise: per table, the chunks' rows summed in rank order, then chunk order, / world.
+  static void accumulate(const StepChunks& chunks, uint32_t world_size,
+                         std::vector<RowAccumulator>& acc);
   // *out is null (and *ended its end) when the session ended.  Evicts the least recently
   // active session when the cap is reached.
   grpc::Status find_or_create(const CommitChunk& c, std::shared_ptr<Session>* out, Ended* ended,

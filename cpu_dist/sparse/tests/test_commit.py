@@ -132,6 +132,50 @@ def test_arrival_order_and_chunking_do_not_change_bits(cluster_factory, pb, seed
         assert np.array_equal(bits(v), bits(rv)) and np.array_equal(bits(s), bits(rs))
 
 
+@pytest.mark.parametrize("keys", ["rising", "repeated", "falling"])
+def test_one_rank_over_chunks_applies_as_the_model(cluster_factory, pb, keys):
+    """A world of one rank: rising keys are laid end to end (no summing), repeated or falling
+    ones go through the accumulator; both give the model's bits, chunks or not."""
+    rng = np.random.default_rng(3)
+    k = {
+        "rising": np.sort(rng.choice(1000, 40, replace=False)),
+        "repeated": np.sort(rng.integers(0, 12, 40)),  # rises, but not strictly
+        "falling": np.sort(rng.choice(1000, 40, replace=False))[::-1],
+    }[keys].astype(np.int64)
+    g = rng_grads(rng, 40, DIM)
+    ref = RefTable(DIM, 7, 0.1)
+    ref.commit([(k, g)], 0.3, "rowwise_adagrad")
+    rk, rv, rs = ref.dump()
+    for chunking in [1, 3]:
+        c = cluster_factory(num_shards=1, dim=DIM)
+        channel = token_channel(c.addresses[0], TOKEN)
+        stub = pb[1].ParameterServerStub(channel)
+        for i, p in enumerate(np.array_split(np.arange(40), chunking)):
+            stub.Commit(
+                pb[0].CommitRequest(
+                    table=b"embedding",
+                    session=4,
+                    step=0,
+                    rank=0,
+                    world_size=1,
+                    chunk_index=i,
+                    chunk_count=chunking,
+                    dim=DIM,
+                    lr=0.3,
+                    optimizer=pb[0].ROWWISE_ADAGRAD,
+                    keys=k[p].tobytes(),
+                    grads=g[p].tobytes(),
+                ),
+                timeout=10,
+            )
+        cl = c.client()
+        assert cl.wait_committed(4, 0, 5.0) == 0
+        dk, dv, ds = cl.dump()
+        channel.close()
+        assert np.array_equal(dk, rk)
+        assert np.array_equal(bits(dv), bits(rv)) and np.array_equal(bits(ds), bits(rs))
+
+
 def test_several_shards_small_chunks_concurrent_ranks(cluster_factory):
     c = cluster_factory(num_shards=3, dim=DIM)
     world = 3
