@@ -17,7 +17,7 @@ from cpu_dist.common.mpi_context import (
     ps_listen_host,
     share_job_secret,
 )
-from cpu_dist.common.threads import share_cores, workers_on_this_node
+from cpu_dist.common.threads import node_share, share_cores
 from cpu_dist.common.tokens import TokenError, external_token
 from cpu_dist.data.layout import LayoutError
 from cpu_dist.data.run_length import RunLengthError
@@ -103,12 +103,12 @@ def run_job(cfg: Config, roles: Roles) -> int:
                 flush=True,
             )
 
-    local_workers = workers_on_this_node(roles.world, roles.is_worker)
+    node = node_share(roles.world, roles.is_worker)
     stopped = False
     if roles.is_worker:
+        share_cores(node)  # before torch's first import (the loop's)
         from cpu_dist.train.loop import train_worker
 
-        share_cores(local_workers)
         addresses = list(cfg.job.ps_list) if external else exchange_ps_addresses(roles, None, None)
         try:
             stopped = train_worker(cfg, roles, token, session, addresses, not external)
