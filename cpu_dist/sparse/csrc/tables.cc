@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -23,6 +26,68 @@ constexpr uint32_t kMaxDim = 1u << 16;
 constexpr size_t kMaxNameBytes = 256;
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// A step of at least this many rows over several tables, all in DRAM only, runs each pass on
+// two threads (the tables dealt to the lighter one, by rows).  Its committer waits for the
+// apply (a single worker has nothing else to do meanwhile), and the passes of two tables share
+// nothing but what their own locks guard.  Tiered tables share the shard's byte budget, whose
+// split reaches into other tables: they stay on one thread.
+constexpr size_t kTwoThreadRows = 16384;
+
+// Per update, 0 or 1: which thread runs it; all 0 when one thread should run them all.
+std::vector<int> deal(const std::vector<const StepUpdate*>& order) {
+  std::vector<int> lane(order.size(), 0);
+  size_t rows = 0;
+  for (const StepUpdate* u : order) {
+    const TierOptions& t = u->table->tier_options();
+    if (t.memory_rows != 0 || !t.ssd_dir.empty() || t.budget) return lane;
+    rows += u->n;
+  }
+  if (order.size() < 2 || rows < kTwoThreadRows) return lane;
+  std::vector<size_t> by_rows(order.size());
+  for (size_t i = 0; i < order.size(); ++i) by_rows[i] = i;
+  std::stable_sort(by_rows.begin(), by_rows.end(),
+                   [&](size_t a, size_t b) { return order[a]->n > order[b]->n; });
+  size_t load[2] = {0, 0};
+  for (size_t i : by_rows) {
+    const int to = load[1] < load[0] ? 1 : 0;
+    lane[i] = to;
+    load[to] += order[i]->n + 1;
+  }
+  return lane;
+}
+
+// f(i) for every update, update i on thread lane[i] (1: a helper this call joins); what each
+// throws is kept in errors[i], in no thread's order.
+template <class F>
+std::vector<std::exception_ptr> run_dealt(const std::vector<int>& lane, F&& f) {
+  std::vector<std::exception_ptr> errors(lane.size());
+  auto run = [&](int which) {
+    for (size_t i = 0; i < lane.size(); ++i) {
+      if (lane[i] != which) continue;
+      try {
+        f(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  if (std::find(lane.begin(), lane.end(), 1) == lane.end()) {
+    run(0);
+    return errors;
+  }
+  std::thread helper;
+  try {
+    helper = std::thread(run, 1);
+  } catch (const std::system_error&) {  // no thread to be had: this one runs both halves
+    run(0);
+    run(1);
+    return errors;
+  }
+  run(0);
+  helper.join();
+  return errors;
+}
 
 }  // namespace
 
@@ -209,31 +274,34 @@ void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bo
     locks.push_back(u->table->step_lock());
     lock_or_would_block(locks.back(), wait);  // a throw unlocks the ones taken
   }
-  // Pass 1 of every table (rows resident and pinned); any failure cancels the ones before it,
-  // so that no table takes the step.
-  std::vector<ShardTable::PreparedStepPtr> prepared;
-  prepared.reserve(order.size());
-  try {
-    for (const StepUpdate* u : order)
-      prepared.push_back(
-          u->table->prepare_step_locked(u->keys, u->grads, u->n, u->lr, u->optimizer, step, false));
-  } catch (...) {
-    for (size_t i = 0; i < prepared.size(); ++i) order[i]->table->cancel_step_locked(*prepared[i]);
-    throw;
+  const std::vector<int> lane = deal(order);
+  // Pass 1 of every table (rows resident and pinned); any failure cancels the tables prepared,
+  // so that no table takes the step, and the first table's failure (in name order) is thrown.
+  std::vector<ShardTable::PreparedStepPtr> prepared(order.size());
+  std::vector<std::exception_ptr> failed = run_dealt(lane, [&](size_t i) {
+    const StepUpdate* u = order[i];
+    prepared[i] =
+        u->table->prepare_step_locked(u->keys, u->grads, u->n, u->lr, u->optimizer, step, false);
+  });
+  const auto first = std::find_if(failed.begin(), failed.end(),
+                                  [](const std::exception_ptr& e) { return e != nullptr; });
+  if (first != failed.end()) {
+    for (size_t i = 0; i < order.size(); ++i)
+      if (prepared[i]) order[i]->table->cancel_step_locked(*prepared[i]);
+    std::rethrow_exception(*first);
   }
   // Pass 2 of every table: cannot fail but in the SSD tier after the rows changed
   // (AppliedThenFailed: the step is in every table; the first such failure is reported).
-  std::optional<AppliedThenFailed> first_failure;
+  failed = run_dealt(lane, [&](size_t i) { order[i]->table->finish_step_locked(*prepared[i]); });
   for (size_t i = 0; i < order.size(); ++i) {
+    if (!failed[i]) continue;
     try {
-      order[i]->table->finish_step_locked(*prepared[i]);
+      std::rethrow_exception(failed[i]);
     } catch (const AppliedThenFailed& e) {
-      if (!first_failure)
-        first_failure.emplace(
-            absl::StrCat("table '", order[i]->table->spec().name, "': ", e.what()), e.no_space());
+      throw AppliedThenFailed(
+          absl::StrCat("table '", order[i]->table->spec().name, "': ", e.what()), e.no_space());
     }
   }
-  if (first_failure) throw *first_failure;
 }
 
 int64_t ShardTables::max_step() const {

@@ -228,6 +228,35 @@ def test_commit_tables_applies_every_table_as_the_numpy_model(shards):
     assert all(p[2].shape == (len(p[0]),) for p in pages)
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_large_step_over_tables_applies_as_the_numpy_model(shards, world):
+    """Enough rows that the shard applies the tables on two threads (tables.cc), over several
+    RPCs a rank; one rank's rising keys are laid end to end, two ranks' are summed."""
+    addresses = shards(1)
+    ranks = [Client(addresses, TOKEN, tables=PAIRS, timeout_s=30.0) for _ in range(world)]
+    rng = np.random.default_rng(5)
+    keys = {n: np.sort(rng.choice(1 << 40, 9000, replace=False)).astype(np.int64) for n, _ in PAIRS}
+    lrs = {"item": 0.1, "user": 0.05, "ad": 0.2}
+    grads = [
+        {n: rng.standard_normal((len(keys[n]), d)).astype(np.float32) for n, d in PAIRS}
+        for _ in range(world)
+    ]
+    handles = [
+        c.commit_tables_async(8, 0, r, world, {n: (keys[n], grads[r][n], lrs[n]) for n in keys})
+        for r, c in enumerate(ranks)
+    ]
+    for h in handles:
+        h.wait(30.0)
+    assert ranks[0].wait_committed(8, 0, 30.0) == 0
+    got = ranks[0].pull_tables(keys)
+    for name, k in keys.items():
+        want = first_touch(name, k)
+        summed = grads[0][name] if world == 1 else (grads[0][name] + grads[1][name]) / np.float32(2)
+        state = None if BY_NAME[name]["optimizer"] == "sgd" else fresh_state(name, len(k))
+        model_step(name, want, state, summed, lrs[name])
+        np.testing.assert_array_equal(bits(got[name]), bits(want), err_msg=name)
+
+
 def test_push_tables_merges_repeated_keys_per_table(shards):
     addresses = shards(3)
     client = Client(addresses, TOKEN, tables=PAIRS, max_keys_per_rpc=3, timeout_s=20.0)

@@ -506,17 +506,20 @@ def test_expiry_runs_per_table_on_every_job_step(shards):
     np.testing.assert_array_equal(back["a"], contracts.row_init(1, [1], 4, 0.5, table="a"))
 
 
-def test_a_step_one_table_cannot_take_changes_no_table(shards):
+@pytest.mark.parametrize("rows_b", [5000, 20000])
+def test_a_step_one_table_cannot_take_changes_no_table(shards, rows_b):
     """Table 'b' runs out of slots (one block a stripe: 64 rows) in the step's first pass, after
-    table 'a' (name order: first) made its rows resident: neither table takes the step."""
+    table 'a' (name order: first) made its rows resident: neither table takes the step.  At
+    20000 rows the tables' passes run on two threads (tables.cc): 'a' is cancelled all the
+    same."""
     specs = [
         {"name": "a", "dim": 4, "optimizer": "sgd", "init_scale": 0.5, "seed": 1},
         {"name": "b", "dim": 4, "optimizer": "sgd", "init_scale": 0.5, "seed": 1},
     ]
     s = shards(1, specs=specs, max_blocks_per_stripe=1)
     lr = {"a": 1.0, "b": 1.0}
-    ka, kb = np.arange(5, dtype=np.int64), np.arange(5000, dtype=np.int64)
-    parts = {"a": (ka, np.ones((5, 4), np.float32)), "b": (kb, np.ones((5000, 4), np.float32))}
+    ka, kb = np.arange(5, dtype=np.int64), np.arange(rows_b, dtype=np.int64)
+    parts = {"a": (ka, np.ones((5, 4), np.float32)), "b": (kb, np.ones((rows_b, 4), np.float32))}
     with pytest.raises(grpc.RpcError) as ei:
         s.commit(6, 0, 0, 1, parts, lr=lr)
     assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
