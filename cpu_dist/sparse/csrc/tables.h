@@ -55,7 +55,8 @@ struct StepUpdate {
 // a failure there (MemoryFull, TableFull, TierError, bad_alloc) cancels the tables prepared
 // before it and leaves every table unchanged.  Then every table's pass 2 and step rules: what
 // fails there is the SSD tier after the rows changed (AppliedThenFailed: the step is in every
-// table, the session fails), as for one table.
+// table, the session fails), as for one table.  A large step over DRAM-only tables runs each
+// pass on two threads, each table wholly on one (tables.cc: kTwoThreadRows).
 void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bool wait);
 
 class ShardTables {
