@@ -21,6 +21,24 @@ def bits(a):
     return np.asarray(a, np.float32).view(np.uint32)
 
 
+def adagrad_chunk(pb, session, rank, world_size, index, count, keys, grads):
+    """Chunk ``index`` of ``count`` of step 0 of ``session``, row-wise Adagrad at lr 0.3."""
+    return pb[0].CommitRequest(
+        table=b"embedding",
+        session=session,
+        step=0,
+        rank=rank,
+        world_size=world_size,
+        chunk_index=index,
+        chunk_count=count,
+        dim=DIM,
+        lr=0.3,
+        optimizer=pb[0].ROWWISE_ADAGRAD,
+        keys=keys.tobytes(),
+        grads=grads.tobytes(),
+    )
+
+
 def test_two_ranks_and_empty_marker(cluster_factory):
     c = cluster_factory(num_shards=2, dim=DIM)
     cl = c.client()
@@ -102,22 +120,7 @@ def test_arrival_order_and_chunking_do_not_change_bits(cluster_factory, pb, seed
         for r, (k, g) in enumerate(per_rank):
             parts = np.array_split(np.arange(20), chunking)
             for i, p in enumerate(parts):
-                chunks.append(
-                    pb[0].CommitRequest(
-                        table=b"embedding",
-                        session=9,
-                        step=0,
-                        rank=r,
-                        world_size=3,
-                        chunk_index=i,
-                        chunk_count=chunking,
-                        dim=DIM,
-                        lr=0.3,
-                        optimizer=pb[0].ROWWISE_ADAGRAD,
-                        keys=k[p].tobytes(),
-                        grads=g[p].tobytes(),
-                    )
-                )
+                chunks.append(adagrad_chunk(pb, 9, r, 3, i, chunking, k[p], g[p]))
         for j in rng.permutation(len(chunks)):
             stub.Commit(chunks[j], timeout=10)
         cl = c.client()
@@ -151,23 +154,7 @@ def test_one_rank_over_chunks_applies_as_the_model(cluster_factory, pb, keys):
         channel = token_channel(c.addresses[0], TOKEN)
         stub = pb[1].ParameterServerStub(channel)
         for i, p in enumerate(np.array_split(np.arange(40), chunking)):
-            stub.Commit(
-                pb[0].CommitRequest(
-                    table=b"embedding",
-                    session=4,
-                    step=0,
-                    rank=0,
-                    world_size=1,
-                    chunk_index=i,
-                    chunk_count=chunking,
-                    dim=DIM,
-                    lr=0.3,
-                    optimizer=pb[0].ROWWISE_ADAGRAD,
-                    keys=k[p].tobytes(),
-                    grads=g[p].tobytes(),
-                ),
-                timeout=10,
-            )
+            stub.Commit(adagrad_chunk(pb, 4, 0, 1, i, chunking, k[p], g[p]), timeout=10)
         cl = c.client()
         assert cl.wait_committed(4, 0, 5.0) == 0
         dk, dv, ds = cl.dump()
