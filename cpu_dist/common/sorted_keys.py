@@ -1,6 +1,7 @@
 """Sorted unique int64 key sets: how a step's keys are held everywhere (the batch's unique
 keys, the rows a step wrote, a cache plan's union), and the one membership test between two
-of them."""
+of them.  The early read's per-step test (``cpu_dist.sparse.reads.written_by``) is its native
+twin, one merge pass (``_ps_client.mark_written``), held equal to it by its tests."""
 
 from __future__ import annotations
 

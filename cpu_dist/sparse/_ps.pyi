@@ -46,6 +46,17 @@ def decode_rows(data: npt.ArrayLike, dim: int, compression: Compression) -> npt.
     gradient and what a compressed pull returns.  decode_rows(encode_rows(x, c), dim, c) is
     the round trip a compressed job's rows and gradients go through."""
 
+def mark_written(keys: npt.ArrayLike, written: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """Bool per key: whether it is in ``written`` (int64, sorted ascending, distinct; ValueError
+    naming the first position out of order otherwise).  One merge pass where ``keys`` are
+    sorted (a step's unique keys), a search per key otherwise: the early read's rule 1."""
+
+def interleave_rows(
+    written: npt.ArrayLike, late: npt.ArrayLike, early: npt.ArrayLike
+) -> npt.NDArray[np.float32]:
+    """float32 ``[n, dim]``: row i the next row of ``late`` where ``written[i]``, of ``early``
+    otherwise (ValueError unless they hold exactly those rows, of one width)."""
+
 class PSError(RuntimeError):
     """A failed RPC: str() is "shard I (ADDR): CODE: message".
 

@@ -22,8 +22,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from cpu_dist.common.sorted_keys import find_sorted
-from cpu_dist.sparse import Client, Handle
+from cpu_dist.sparse import Client, Handle, _ps_client
 
 
 class AppliedWaiter(Protocol):
@@ -35,7 +34,7 @@ def written_by(keys: np.ndarray, written: np.ndarray | None) -> np.ndarray:
     so every row counts as written)."""
     if written is None:
         return np.ones(len(keys), dtype=bool)
-    return find_sorted(written, keys)[1]
+    return _ps_client.mark_written(keys, written)  # find_sorted's answer, in one merge pass
 
 
 def pull_when_applied(
@@ -84,13 +83,10 @@ class EarlyPull:
         self, late: Mapping[str, np.ndarray], early: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         """Every table's rows of ``unique`` from the written (``late``) and the other rows."""
-        out = {}
-        for name, keys in self.unique.items():
-            rows = np.empty((len(keys), self.dims[name]), dtype=np.float32)
-            rows[self.dependent[name]] = late[name]
-            rows[~self.dependent[name]] = early[name]
-            out[name] = rows
-        return out
+        return {
+            name: _ps_client.interleave_rows(self.dependent[name], late[name], early[name])
+            for name in self.unique
+        }
 
     def finish(self, commits: AppliedWaiter, timeout_s: float) -> dict[str, np.ndarray]:
         """Every row of ``unique``, as after commit ``step - 1``."""

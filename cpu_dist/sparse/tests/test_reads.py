@@ -1,12 +1,14 @@
 """EarlyPull against a real in-process shard: the early part never includes a written row,
 and the assembled rows equal one plain pull after the commit; pull_when_applied waits for the
-commit it is given."""
+commit it is given; the native passes EarlyPull uses (membership, interleaving) agree with
+numpy's."""
 
 import numpy as np
 import pytest
 
 from cpu_dist.common.contracts import TABLE
-from cpu_dist.sparse import Client, Server
+from cpu_dist.common.sorted_keys import find_sorted
+from cpu_dist.sparse import Client, Server, _ps_client
 from cpu_dist.sparse.reads import EarlyPull, TableReads, pull_when_applied, written_by
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,3 +61,38 @@ def test_nothing_written_means_nothing_waits_and_unknown_means_everything_waits(
     rows = pull_when_applied(client, commits, unique, 4)
     assert commits.waited == [4]
     np.testing.assert_array_equal(rows, client.pull(unique))
+
+
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_written_by_is_find_sorted_membership(order):
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        written = np.unique(rng.integers(-(1 << 62), 1 << 62, rng.integers(0, 60)))
+        keys = np.unique(
+            np.concatenate([rng.choice(written, len(written) // 2), rng.integers(-9, 9, 30)])
+        )
+        if order == "shuffled":
+            keys = rng.permutation(keys)
+        np.testing.assert_array_equal(written_by(keys, written), find_sorted(written, keys)[1])
+    assert written_by(np.zeros(0, np.int64), np.arange(3)).shape == (0,)
+
+
+def test_written_by_refuses_a_written_set_out_of_order():
+    with pytest.raises(ValueError, match="position 2 holds 3 after 5"):
+        written_by(np.arange(4), np.array([1, 5, 3]))
+    with pytest.raises(ValueError, match="position 1 holds 2 after 2"):
+        written_by(np.arange(4), np.array([2, 2]))
+
+
+def test_interleave_rows_puts_each_pull_back_in_key_order():
+    rng = np.random.default_rng(5)
+    mask = rng.random(50) < 0.3
+    late = rng.random((int(mask.sum()), 3)).astype(np.float32)
+    early = rng.random((int((~mask).sum()), 3)).astype(np.float32)
+    rows = _ps_client.interleave_rows(mask, late, early)
+    np.testing.assert_array_equal(rows[mask], late)
+    np.testing.assert_array_equal(rows[~mask], early)
+    with pytest.raises(ValueError, match="must hold the"):
+        _ps_client.interleave_rows(mask, late[1:], early)
+    with pytest.raises(ValueError, match="must hold the"):
+        _ps_client.interleave_rows(mask, late, early[:, :2])

@@ -383,6 +383,7 @@ class PSError(RuntimeError):
         "Client's keyword defaults: max_keys_per_rpc, channels_per_shard, timeout_s, "
         "max_message_bytes, compression.");
   bind_codec(m);
+  bind_reads(m);
 
   py::class_<DumpPages>(m, "DumpPages", "Pages of a dump (Client.dump_pages).")
       .def("__iter__", [](DumpPages& p) -> DumpPages& { return p; })
