@@ -1,6 +1,7 @@
 #include "tables.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -58,17 +59,22 @@ std::vector<int> deal(const std::vector<const StepUpdate*>& order) {
 }
 
 // f(i) for every update, update i on thread lane[i] (1: a helper this call joins); what each
-// throws is kept in errors[i], in no thread's order.
+// throws is kept in errors[i], in no thread's order.  With `stop_on_failure` (pass 1, where a
+// failure cancels the step) neither thread starts another update once one has failed.
 template <class F>
-std::vector<std::exception_ptr> run_dealt(const std::vector<int>& lane, F&& f) {
+std::vector<std::exception_ptr> run_dealt(const std::vector<int>& lane, bool stop_on_failure,
+                                          F&& f) {
   std::vector<std::exception_ptr> errors(lane.size());
+  std::atomic<bool> failed{false};
   auto run = [&](int which) {
     for (size_t i = 0; i < lane.size(); ++i) {
       if (lane[i] != which) continue;
+      if (stop_on_failure && failed.load()) return;
       try {
         f(i);
       } catch (...) {
         errors[i] = std::current_exception();
+        failed.store(true);
       }
     }
   };
@@ -276,9 +282,9 @@ void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bo
   }
   const std::vector<int> lane = deal(order);
   // Pass 1 of every table (rows resident and pinned); any failure cancels the tables prepared,
-  // so that no table takes the step, and the first table's failure (in name order) is thrown.
+  // so that no table takes the step; the first failure in name order of those tried is thrown.
   std::vector<ShardTable::PreparedStepPtr> prepared(order.size());
-  std::vector<std::exception_ptr> failed = run_dealt(lane, [&](size_t i) {
+  std::vector<std::exception_ptr> failed = run_dealt(lane, true, [&](size_t i) {
     const StepUpdate* u = order[i];
     prepared[i] =
         u->table->prepare_step_locked(u->keys, u->grads, u->n, u->lr, u->optimizer, step, false);
@@ -292,7 +298,8 @@ void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bo
   }
   // Pass 2 of every table: cannot fail but in the SSD tier after the rows changed
   // (AppliedThenFailed: the step is in every table; the first such failure is reported).
-  failed = run_dealt(lane, [&](size_t i) { order[i]->table->finish_step_locked(*prepared[i]); });
+  failed =
+      run_dealt(lane, false, [&](size_t i) { order[i]->table->finish_step_locked(*prepared[i]); });
   for (size_t i = 0; i < order.size(); ++i) {
     if (!failed[i]) continue;
     try {
