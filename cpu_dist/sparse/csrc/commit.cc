@@ -49,6 +49,20 @@ Status ended_reply(const Status& ended, int64_t step, int64_t final_step, int64_
   return Status::OK;
 }
 
+// f(t, keys, grads, count) for each table's part of chunk `ch`, in table order; `keys` and
+// `grads` point into the chunk's bytes (not necessarily aligned).
+template <class F>
+void for_each_part(const CommitChunk& ch, const std::vector<ChunkPart>& tables, F&& f) {
+  const char* k = ch.keys.data();
+  const char* g = ch.grads.data();
+  for (size_t t = 0; t < tables.size(); ++t) {  // same tables as the step's (check_chunk)
+    const size_t cnt = ch.parts[t].count;
+    f(t, k, g, cnt);
+    k += cnt * sizeof(int64_t);
+    g += cnt * tables[t].table->dim() * sizeof(float);
+  }
+}
+
 }  // namespace
 
 Status CommitSessions::find_or_create(const CommitChunk& c, std::shared_ptr<Session>* out,
@@ -352,39 +366,32 @@ bool CommitSessions::concatenate_distinct(const StepChunks& chunks, uint32_t wor
   const size_t nt = chunks.tables.size();
   std::vector<size_t> n(nt, 0);
   std::vector<int64_t> last(nt);
-  for (const auto& [index, ch] : by_index) {
-    const char* k = ch.keys.data();
-    for (size_t t = 0; t < nt; ++t) {
-      const size_t cnt = ch.parts[t].count;
-      for (size_t i = 0; i < cnt; ++i, k += sizeof(int64_t)) {
+  bool rising = true;
+  for (const auto& [index, ch] : by_index)
+    for_each_part(ch, chunks.tables, [&](size_t t, const char* k, const char*, size_t cnt) {
+      for (size_t i = 0; i < cnt && rising; ++i) {
         int64_t key;
-        std::memcpy(&key, k, sizeof(key));
-        if (n[t] > 0 && key <= last[t]) return false;
+        std::memcpy(&key, k + i * sizeof(key), sizeof(key));
+        rising = n[t] == 0 || key > last[t];
         last[t] = key;
         ++n[t];
       }
-    }
-  }
+    });
+  if (!rising) return false;
   keys.assign(nt, {});
   grads.assign(nt, {});
   for (size_t t = 0; t < nt; ++t) {
     keys[t].reserve(n[t]);
     grads[t].reserve(n[t] * chunks.tables[t].table->dim());
   }
-  for (const auto& [index, ch] : by_index) {
-    const char* k = ch.keys.data();
-    const char* g = ch.grads.data();
-    for (size_t t = 0; t < nt; ++t) {
-      const size_t cnt = ch.parts[t].count, width = chunks.tables[t].table->dim();
-      const size_t at = keys[t].size();
+  for (const auto& [index, ch] : by_index)
+    for_each_part(ch, chunks.tables, [&](size_t t, const char* k, const char* g, size_t cnt) {
+      const size_t width = chunks.tables[t].table->dim(), at = keys[t].size();
       keys[t].resize(at + cnt);
       grads[t].resize((at + cnt) * width);
       std::memcpy(keys[t].data() + at, k, cnt * sizeof(int64_t));
       std::memcpy(grads[t].data() + at * width, g, cnt * width * sizeof(float));
-      k += cnt * sizeof(int64_t);
-      g += cnt * width * sizeof(float);
-    }
-  }
+    });
   return true;
 }
 
@@ -397,16 +404,10 @@ void CommitSessions::accumulate(const StepChunks& chunks, uint32_t world_size,
       for (size_t t = 0; t < nt; ++t) n[t] += ch.parts[t].count;
   for (size_t t = 0; t < nt; ++t) acc[t].reserve(n[t]);
   for (const auto& [rank, r] : chunks.ranks)  // rank order, then chunk order
-    for (const auto& [index, ch] : r.chunks) {
-      const char* k = ch.keys.data();
-      const char* g = ch.grads.data();
-      for (size_t t = 0; t < nt; ++t) {  // same tables as the step's (check_chunk)
-        const size_t cnt = ch.parts[t].count;
+    for (const auto& [index, ch] : r.chunks)
+      for_each_part(ch, chunks.tables, [&](size_t t, const char* k, const char* g, size_t cnt) {
         acc[t].add(k, g, cnt);
-        k += cnt * sizeof(int64_t);
-        g += cnt * chunks.tables[t].table->dim() * sizeof(float);
-      }
-    }
+      });
   for (RowAccumulator& a : acc) a.divide(static_cast<float>(world_size));
 }
 
