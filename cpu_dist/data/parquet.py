@@ -14,8 +14,11 @@ half of rows is the validation split and second half the test split; a single fi
 10th row (``row % 10 == 9``) validation, no test split.  Batches, epochs and shuffling are
 :class:`~cpu_dist.data.file_dataset.FileDataset`'s, so a worker reads its share alone.
 
-A batch is read from whole row groups (memory-mapped, decoded once and kept while they fit
-:data:`CACHE_BYTES`): a worker's share of consecutive steps falls in the same groups.  Files
+A batch is read from slices of :data:`SLICE_ROWS` rows of a row group (memory-mapped, each
+decoded once, in order along its group, and kept while they fit :data:`CACHE_BYTES`): a
+worker's share of consecutive steps falls in the same slices, and its first batch waits for
+one slice, not for a whole row group (65536 rows of MLPerf's 214 ids: 12 ms instead of 0.6 s;
+read slice by slice the group also decodes in half the time).  Files
 are checked when opened (every file's schema: a missing column or a wrong type is an error
 naming the file and the column) and each row group when decoded (a null, a label that is not
 0/1, or a weights list whose length differs from its ids': the file, the column and the row).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +53,7 @@ from cpu_dist.data.splits import EveryKth, RowRange, Split
 
 __all__ = [
     "CACHE_BYTES",
+    "SLICE_ROWS",
     "ParquetColumns",
     "ParquetData",
     "ParquetError",
@@ -60,6 +65,8 @@ __all__ = [
 
 # Decoded row groups kept per dataset (bytes of numpy arrays); the least recent goes first.
 CACHE_BYTES = 512 << 20
+# Rows of a row group decoded at a time (the last slice of a group may be shorter).
+SLICE_ROWS = 4096
 
 
 @dataclass
@@ -92,11 +99,21 @@ class _Ragged:
 
 
 class _Group:
-    """A decoded row group: label, dense and each column the job reads."""
+    """A decoded slice of a row group: label, dense and each column the job reads."""
 
     def __init__(self, label: np.ndarray, dense: np.ndarray, columns: dict[str, _Ragged]):
         self.label, self.dense, self.columns = label, dense, columns
         self.nbytes = label.nbytes + dense.nbytes + sum(c.nbytes for c in columns.values())
+
+
+@dataclass
+class _Reading:
+    """A row group being decoded slice by slice: its batches' iterator, the next slice of the
+    group it yields (``next``), and rows it has yielded beyond the last slice (``rest``)."""
+
+    batches: Iterator[pa.RecordBatch]
+    next: int = 0
+    rest: pa.RecordBatch | None = None
 
 
 def _ids(file: Path, name: str, column: pa.ChunkedArray, first_row: int) -> _Ragged:
@@ -157,17 +174,22 @@ class ParquetData(FileDataset):
         shuffle: bool = False,
         seed: int = 0,
         cache_bytes: int = CACHE_BYTES,
+        slice_rows: int = SLICE_ROWS,
     ) -> None:
         super().__init__(hash_sizes=None, epochs=epochs, shuffle=shuffle, seed=seed)
         if eval_every < 0 or eval_every == 1:
             raise ValueError(f"eval_every must be 0 (no eval split) or >= 2, got {eval_every}")
-        self.columns = columns
+        if slice_rows < 1:
+            raise ValueError(f"slice_rows must be >= 1, got {slice_rows}")
+        self.columns, self._slice_rows = columns, int(slice_rows)
         self.num_dense = len(columns.dense)
         self.num_sparse = len(columns.features)
         self.sparse_names = columns.features
         self.files = parquet_files(path)
         self._readers: list[pq.ParquetFile] = []
-        self._groups: list[np.ndarray] = []  # per file: first row of each row group, and n
+        # per file: the first row of each slice and n; each slice's (row group, slice in it)
+        self._slices: list[np.ndarray] = []
+        self._slice_of: list[list[tuple[int, int]]] = []
         counts = []
         for f in self.files:
             try:
@@ -176,15 +198,22 @@ class ParquetData(FileDataset):
                 raise ParquetError(f"{f}: not a readable Parquet file: {exc}") from None
             check_schema(f, reader.schema_arrow, columns)
             meta = reader.metadata
-            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-            self._groups.append(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+            sizes, where = [], []
+            for g in range(meta.num_row_groups):
+                n = meta.row_group(g).num_rows
+                step = self._slice_rows
+                sizes += [min(step, n - a) for a in range(0, n, step)]
+                where += [(g, c) for c in range(-(-n // step))]
+            self._slices.append(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+            self._slice_of.append(where)
             self._readers.append(reader)
             counts.append(int(meta.num_rows))
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         self.num_rows = int(self._starts[-1])
         self._read = [columns.label, *columns.dense, *columns.features, *columns.weights.values()]
-        self._cache: OrderedDict[tuple[int, int], _Group] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int], _Group] = OrderedDict()  # (file, slice)
         self._cache_bytes, self._held = int(cache_bytes), 0
+        self._reading: dict[tuple[int, int], _Reading] = {}  # (file, row group)
         self._lock = threading.Lock()
         self._splits: dict[str, Split | None]
         if len(counts) == 1:
@@ -213,30 +242,78 @@ class ParquetData(FileDataset):
     def split(self, name: str) -> Split | None:
         return self._splits[name]
 
-    # --- row groups ---------------------------------------------------------------------------
+    # --- row groups, slice by slice --------------------------------------------------------
 
-    def _group(self, i: int, g: int) -> _Group:
-        """File ``i``'s row group ``g``, decoded and checked (kept while it fits the cache)."""
+    def _slice(self, i: int, k: int) -> _Group:
+        """File ``i``'s slice ``k``, decoded and checked (kept while it fits the cache)."""
         with self._lock:
-            hit = self._cache.get((i, g))
-            if hit is not None:
-                self._cache.move_to_end((i, g))
-                return hit
-            group = self._decode(i, g)
-            self._cache[(i, g)] = group
-            self._held += group.nbytes
-            while self._held > self._cache_bytes and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._held -= old.nbytes
-            return group
+            hit = self._cache.get((i, k))
+            if hit is None:
+                self._decode_upto(i, k)
+                hit = self._cache[(i, k)]
+            self._cache.move_to_end((i, k))
+            return hit
 
-    def _decode(self, i: int, g: int) -> _Group:
-        file, cols = self.files[i], self.columns
-        first = int(self._groups[i][g])
+    def _keep(self, i: int, k: int, group: _Group) -> None:
+        self._cache[(i, k)] = group
+        self._held += group.nbytes
+        while self._held > self._cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._held -= old.nbytes
+
+    def _decode_upto(self, i: int, k: int) -> None:
+        """Decode the slices of slice ``k``'s row group up to ``k``, keeping each: a group's
+        slices come in order (an earlier one gone from the cache starts the group again)."""
+        g, c = self._slice_of[i][k]
+        file, bounds = self.files[i], self._slices[i]
+        reading = self._reading.get((i, g))
+        if reading is None or reading.next > c:
+            reading = _Reading(
+                self._readers[i].iter_batches(
+                    batch_size=self._slice_rows, row_groups=[g], columns=self._read
+                )
+            )
+            self._reading[(i, g)] = reading
         try:
-            table = self._readers[i].read_row_group(g, columns=self._read)
+            while reading.next <= c:
+                at = k - c + reading.next
+                lo, hi = int(bounds[at]), int(bounds[at + 1])
+                table = self._next_rows(file, g, reading, lo, hi - lo)
+                if (i, at) not in self._cache:
+                    self._keep(i, at, self._convert(file, table, lo))
+        except BaseException:
+            del self._reading[(i, g)]  # a failed read leaves no half-read group behind
+            raise
+        if reading.next * self._slice_rows >= self._readers[i].metadata.row_group(g).num_rows:
+            del self._reading[(i, g)]  # the group's last slice
+
+    @staticmethod
+    def _next_rows(file: Path, g: int, reading: _Reading, first: int, n: int) -> pa.Table:
+        """The next ``n`` rows of the group ``reading`` reads (``first``: the first's row in
+        the file), whatever sizes the batches pyarrow yields."""
+        parts = [] if reading.rest is None else [reading.rest]
+        have = sum(b.num_rows for b in parts)
+        try:
+            while have < n:
+                batch = next(reading.batches)
+                parts.append(batch)
+                have += batch.num_rows
+        except StopIteration:
+            raise ParquetError(
+                f"{file}: row group {g} ends at row {first + have}, before row {first + n} "
+                "(its metadata's count)"
+            ) from None
         except (OSError, pa.ArrowException) as exc:
             raise ParquetError(f"{file}: row group {g} (rows {first}...): {exc}") from None
+        last, extra = parts[-1], have - n
+        parts[-1] = last.slice(0, last.num_rows - extra)
+        reading.rest = last.slice(last.num_rows - extra) if extra else None
+        reading.next += 1
+        return pa.Table.from_batches(parts)
+
+    def _convert(self, file: Path, table: pa.Table, first: int) -> _Group:
+        """A slice's columns as numpy arrays, checked (``first``: its first row in the file)."""
+        cols = self.columns
         label = _floats(file, cols.label, table.column(cols.label), first)
         bad = np.flatnonzero((label != 0) & (label != 1))
         if bad.size:
@@ -276,7 +353,7 @@ class ParquetData(FileDataset):
             for i in range(first, last + 1):
                 lo, hi = np.searchsorted(rows, self._starts[i : i + 2])
                 local = rows[lo:hi] - self._starts[i]
-                bounds = self._groups[i]
+                bounds = self._slices[i]
                 g0 = int(np.searchsorted(bounds, local[0], side="right")) - 1 if len(local) else 0
                 while len(local):
                     end = int(bounds[g0 + 1])
@@ -285,7 +362,7 @@ class ParquetData(FileDataset):
                     if len(mine):
                         a0, b0 = int(mine[0]), int(mine[-1]) + 1
                         index = slice(a0, b0) if b0 - a0 == len(mine) else mine
-                        parts.append((self._group(i, g0), index))
+                        parts.append((self._slice(i, g0), index))
                     g0 += 1
         return self._assemble(parts, len(rows))
 

@@ -42,6 +42,40 @@ def test_columns_are_read_as_written_across_row_groups(tmp_path):
     assert batch.bags["user"].values.min() < 0  # negative ids kept as they are
 
 
+@pytest.mark.parametrize("cache_bytes", [1 << 30, 1])  # all slices kept; one slice kept
+def test_slices_of_row_groups_give_the_rows_as_written_in_any_order(tmp_path, cache_bytes):
+    # groups of 40 rows in slices of 7 (the last of each group 5): batches that cross slices
+    # and groups, in shuffled order; a cache of one slice starts a group again to go back
+    path = write_parquet(tmp_path / "d.parquet", rows=230, row_group=40)
+    whole = pq.read_table(path)
+    items, users = whole["items"].to_pylist(), whole["user"].to_numpy()
+    data = _open(path, eval_every=0, shuffle=True, seed=3, slice_rows=7, cache_bytes=cache_bytes)
+    rows = data.split("train")
+    order = data._order(23)
+    seen = []
+    for step in range(data.num_steps(23)):
+        a, b = order.positions(step)
+        want = rows.positions(a, b)
+        batch = data._batch(rows, a, b)
+        np.testing.assert_array_equal(batch.bags["user"].values, users[want])
+        np.testing.assert_array_equal(
+            batch.bags["items"].values, [v for r in want for v in items[r]]
+        )
+        seen += list(want)
+    assert sorted(seen) == list(range(230))
+
+
+def test_the_first_batch_decodes_one_slice_not_its_row_group(tmp_path):
+    path = write_parquet(tmp_path / "d.parquet", rows=200, row_group=100)
+    data = _open(path, eval_every=0, slice_rows=16)
+    _, batch = next(data.train_batches(8))
+    assert len(batch.labels) == 8 and list(data._cache) == [(0, 0)]
+    data._batch(data.split("train"), 60, 70)  # slices 3 and 4 of the group, after 1 and 2
+    assert list(data._cache) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]
+    with pytest.raises(ValueError, match="slice_rows must be >= 1"):
+        _open(path, slice_rows=0)
+
+
 def test_splits_and_shares_follow_the_criteo_rules(tmp_path):
     one = _open(write_parquet(tmp_path / "one.parquet", rows=200))
     assert len(one.split("train")) == 180 and len(one.split("eval")) == 20
@@ -134,7 +168,10 @@ def _rewrite(path, column, values, type_=None):
         ("label", lambda v: [*v[:61], 2, *v[62:]], "column 'label': row 61: label 2, expected"),
     ],
 )
-def test_a_bad_row_is_refused_naming_the_file_column_and_row(tmp_path, column, change, words):
+@pytest.mark.parametrize("slice_rows", [8192, 7])
+def test_a_bad_row_is_refused_naming_the_file_column_and_row(
+    tmp_path, column, change, words, slice_rows
+):
     path = write_parquet(tmp_path / "d.parquet", rows=200, row_group=50)
     t = pq.read_table(path)
     values = t[column].to_pylist()
@@ -145,7 +182,7 @@ def test_a_bad_row_is_refused_naming_the_file_column_and_row(tmp_path, column, c
         values = pq.read_table(path)["tag_w"].to_pylist()
         values[137] = values[137][:2] + [0.1] * (2 - len(values[137]))
     _rewrite(path, column, change(values))
-    data = _open(path, eval_every=0)
+    data = _open(path, eval_every=0, slice_rows=slice_rows)
     with pytest.raises(ParquetError, match=words) as err:
         list(data.train_batches(20))
     assert f"{path}: column '{column}'" in str(err.value)
