@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from cpu_dist.data.batch import Batch
 
 _POLL_S = 0.05  # how often a blocked put or get looks at the stop flag and the other side
-_JOIN_TIMEOUT_S = 600.0  # the longest one worker_batch call may still take when closing
+JOIN_TIMEOUT_S = 600.0  # the longest one worker_batch call may still take when closing
 
 
 class ShareSource(Protocol):
@@ -49,6 +49,28 @@ class ShareSource(Protocol):
     the loader stops at the first None."""
 
     def worker_batch(self, step: int, batch_size: int, rank: int, world: int) -> Batch | None: ...
+
+
+def warm_first_share(
+    dataset: ShareSource, step: int, batch_size: int, rank: int, world: int
+) -> threading.Thread | None:
+    """Read worker ``rank``'s share of ``step`` on a thread of its own, so that a dataset that
+    keeps what it decoded (``keeps_decoded``: Parquet's slices) has the first batch's rows
+    ready while the worker builds its model and meets its shards; None for the others (a
+    read now would be a read twice).  Join it before the loader starts.  An error is left to
+    the loader, whose read of the same rows raises it with its message."""
+    if not getattr(dataset, "keeps_decoded", False):
+        return None
+
+    def read() -> None:
+        try:
+            dataset.worker_batch(step, batch_size, rank, world)
+        except Exception:
+            pass
+
+    thread = threading.Thread(target=read, name=f"cpu_dist-data-warm-rank{rank}", daemon=True)
+    thread.start()
+    return thread
 
 
 class _End:
@@ -194,10 +216,10 @@ class WorkerBatches:
                 except queue.Empty:
                     break
         for t in self._threads:
-            t.join(_JOIN_TIMEOUT_S)
+            t.join(JOIN_TIMEOUT_S)
             if t.is_alive():
                 raise RuntimeError(
-                    f"data loader thread {t.name} did not stop within {_JOIN_TIMEOUT_S:.0f} s"
+                    f"data loader thread {t.name} did not stop within {JOIN_TIMEOUT_S:.0f} s"
                 )
 
     @property

@@ -29,6 +29,7 @@ from cpu_dist.common.mpi_context import Roles, wait_all
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.data import Batch, WorkerBatches, dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
+from cpu_dist.data.loader import JOIN_TIMEOUT_S, warm_first_share
 from cpu_dist.data.run_length import run_length
 from cpu_dist.dense.allreduce import broadcast_parameters
 from cpu_dist.dense.sync import make_dense_sync
@@ -115,6 +116,12 @@ class Worker:
         cfg = self.cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, max_step=self.length.steps)
         )
+        # A fresh job starts at step 0: its first rows decode while the rest is built.
+        self._warming = (
+            None
+            if cfg.checkpoint.resume or cfg.train.max_step == 0
+            else warm_first_share(self.dataset, 0, cfg.train.batch_size, self.rank, self.world)
+        )
         self.features = BatchFeatures(
             cfg.tables, self.dataset.kind, getattr(self.dataset, "offsets", None)
         )
@@ -157,6 +164,8 @@ class Worker:
             cfg.output.tensorboard if self.chief and not self.done else None,
         )
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        if self._warming is not None:
+            self._warming.join(JOIN_TIMEOUT_S)
         # This worker's shares, prepared ahead on a background thread (cpu_dist/data/loader.py).
         self._batches = WorkerBatches(
             self.dataset,

@@ -2,6 +2,8 @@
 read as written across row groups; Criteo's splits and batch order; the same batches as the
 Criteo file it was converted from; bad files refused naming the file, the column, the row."""
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -9,8 +11,10 @@ import pytest
 
 from cpu_dist.common.flags import parse_args
 from cpu_dist.common.validate import ConfigError, validate
+from cpu_dist.data import SyntheticCriteo, WorkerBatches
 from cpu_dist.data.factory import dataset_for
 from cpu_dist.data.features import BatchFeatures
+from cpu_dist.data.loader import warm_first_share
 from cpu_dist.data.parquet import ParquetData, ParquetError, read_schema, resolve_columns
 from cpu_dist.data.to_parquet import main as to_parquet
 from cpu_dist.testing.parquet_files import DATA, TABLES, write_parquet
@@ -197,3 +201,28 @@ def test_a_file_that_is_not_parquet_is_refused(tmp_path):
     empty.mkdir()
     with pytest.raises(ConfigError, match="no Parquet files"):
         validate(parse_args(["--data", "parquet", "--data-path", str(empty)]), 3)
+
+
+def test_the_first_share_is_decoded_ahead_and_its_error_left_to_the_loader(tmp_path, monkeypatch):
+    path = write_parquet(tmp_path / "d.parquet", rows=200, row_group=100)
+    data = _open(path, eval_every=0, slice_rows=16)
+    thread = warm_first_share(data, 2, 24, 1, 2)  # rank 1's rows [60, 72) of step 2
+    assert thread is not None
+    thread.join(30)
+    # its group's slices in order, up to those of rows 48..80, and no further
+    assert list(data._cache) == [(0, k) for k in range(5)]
+    np.testing.assert_array_equal(
+        next(WorkerBatches(data, 24, 2, 1, 2, stop_step=3))[1].labels,
+        pq.read_table(path)["label"].to_numpy()[60:72],
+    )
+    assert warm_first_share(SyntheticCriteo(), 0, 8, 0, 1) is None  # nothing it would keep
+    unhandled: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: unhandled.append(a.exc_value))
+    _rewrite(path, "label", [*[0] * 5, 2, *[1] * 194])
+    bad = _open(path, eval_every=0)
+    thread = warm_first_share(bad, 0, 20, 0, 1)
+    assert thread is not None
+    thread.join(30)
+    assert not unhandled  # the warm read's error is not raised on its thread
+    with pytest.raises(ParquetError, match="row 5: label 2"):
+        next(WorkerBatches(bad, 20, 0, 0, 1))
