@@ -7,10 +7,11 @@ single worker uses the whole node.  OMP_NUM_THREADS, when set (Slurm's cpus-per-
 user), wins.
 
 A worker that shares its node with other ranks (a PS shard, other workers) also has torch's
-idle OpenMP threads sleep instead of spin: libgomp's default keeps a thread that finished its
-share of a parallel region spinning for a while, and on shared cores that time is taken from
-the shard applying the last step (measured in ``share_cores``).  OMP_WAIT_POLICY, when set,
-wins.
+idle OpenMP threads spin only briefly before they sleep (``GOMP_SPINCOUNT``): libgomp's default
+keeps a thread that finished its share of a parallel region spinning for a while, and on shared
+cores that time is taken from the shard; a thread that sleeps at once (``OMP_WAIT_POLICY=
+PASSIVE``) makes every parallel region wake it, which doubled a multi-hot model's forward and
+backward (measured in ``share_cores``).  OMP_WAIT_POLICY or GOMP_SPINCOUNT, when set, wins.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import sys
 from dataclasses import dataclass
 
 from mpi4py import MPI
+
+# libgomp's spins of an idle thread before it sleeps, on a shared node (its default: 300k).
+SPIN_COUNT = "10000"
 
 
 @dataclass(frozen=True)
@@ -41,12 +45,14 @@ def node_share(world: MPI.Intracomm, is_worker: bool) -> NodeShare:
 
 def share_cores(node: NodeShare) -> int:
     """Before this process first imports torch (libgomp reads its wait policy when it loads):
-    torch's thread count and, on a shared node, the passive wait.  In ``bench_models.py``'s
-    one-worker job (worker and shard on two cores) the spinning thread took a quarter of a
-    core and the passive wait made the job 7-16 % faster, the shard's apply wait 32 -> 27 ms
-    a step; its forward and backward did not slow."""
+    torch's thread count and, on a shared node, a short spin (``SPIN_COUNT``) before an idle
+    thread sleeps.  In ``bench_models.py``'s one-worker job (worker and shard on two cores),
+    alternating runs of 100 steps: libgomp's default spin 9.4-9.6k samples/s, the passive wait
+    9.0k, the short spin 10.7-10.8k (its forward and backward 66 ms a step against 83 passive);
+    a row-wise Adagrad one-worker job 21.2-21.3k passive against 22.1-22.9k."""
     if node.ranks > 1 and "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if "OMP_WAIT_POLICY" not in os.environ:
+            os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
     if os.environ.get("OMP_NUM_THREADS"):
         n = int(os.environ["OMP_NUM_THREADS"])
     else:

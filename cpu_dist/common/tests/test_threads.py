@@ -1,6 +1,6 @@
-"""A worker's torch threads: its share of the node's cores, and a passive OpenMP wait where
-other ranks share the node (libgomp reads the policy when torch first loads it, so each case
-runs in a fresh interpreter)."""
+"""A worker's torch threads: its share of the node's cores, and a short OpenMP spin where other
+ranks share the node (libgomp reads its settings when torch first loads it, so each case runs
+in a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,21 @@ import sys
 
 import pytest
 
+from cpu_dist.common.threads import SPIN_COUNT
+
 CHECK = """
 import os, sys
 from cpu_dist.common.threads import NodeShare, share_cores
 n = share_cores(NodeShare(ranks={ranks}, workers={workers}))
 import torch
-print(os.environ.get("OMP_WAIT_POLICY"), n, torch.get_num_threads())
+print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"), n,
+      torch.get_num_threads())
 """
 
 
 def run(ranks: int, workers: int, **env: str) -> list[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    mine = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")
+    base = {k: v for k, v in os.environ.items() if k not in mine}
     out = subprocess.run(
         [sys.executable, "-c", CHECK.format(ranks=ranks, workers=workers)],
         env={**base, **env},
@@ -32,16 +36,17 @@ def run(ranks: int, workers: int, **env: str) -> list[str]:
     return out.stdout.split()
 
 
-@pytest.mark.parametrize("ranks, policy", [(1, "None"), (2, "PASSIVE")])
-def test_the_idle_threads_sleep_only_on_a_shared_node(ranks, policy):
-    assert run(ranks, 1, OMP_NUM_THREADS="2") == [policy, "2", "2"]
+@pytest.mark.parametrize("ranks, spin", [(1, "None"), (2, SPIN_COUNT)])
+def test_the_idle_threads_spin_briefly_only_on_a_shared_node(ranks, spin):
+    assert run(ranks, 1, OMP_NUM_THREADS="2") == ["None", spin, "2", "2"]
 
 
-def test_a_policy_given_wins():
-    assert run(2, 1, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="ACTIVE")[0] == "ACTIVE"
+def test_a_policy_or_spin_given_wins():
+    assert run(2, 1, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="ACTIVE")[:2] == ["ACTIVE", "None"]
+    assert run(2, 1, OMP_NUM_THREADS="1", GOMP_SPINCOUNT="7")[:2] == ["None", "7"]
 
 
 def test_workers_share_the_cores():
     cores = len(os.sched_getaffinity(0))
     expected = str(max(1, cores // 2))
-    assert run(3, 2)[1:] == [expected, expected]
+    assert run(3, 2)[2:] == [expected, expected]
