@@ -57,6 +57,16 @@ def interleave_rows(
     """float32 ``[n, dim]``: row i the next row of ``late`` where ``written[i]``, of ``early``
     otherwise (ValueError unless they hold exactly those rows, of one width)."""
 
+def fill_rows(
+    keys: npt.ArrayLike,
+    rest: npt.ArrayLike,
+    held: list[tuple[npt.ArrayLike, npt.ArrayLike]],
+) -> npt.NDArray[np.float32]:
+    """float32 ``[n, dim]``: row i the row of ``keys[i]`` in the first ``(keys, rows)`` level
+    of ``held`` that holds it, else the next row of ``rest`` (in key order).  One merge pass
+    per level; every key array sorted ascending and distinct (a step's unique keys), and
+    ``rest`` exactly the rows of the keys no level holds (ValueError naming what is off)."""
+
 class PSError(RuntimeError):
     """A failed RPC: str() is "shard I (ADDR): CODE: message".
 

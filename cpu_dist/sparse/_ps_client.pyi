@@ -12,5 +12,6 @@ from ._ps import Traffic as Traffic
 from ._ps import client_defaults as client_defaults
 from ._ps import decode_rows as decode_rows
 from ._ps import encode_rows as encode_rows
+from ._ps import fill_rows as fill_rows
 from ._ps import interleave_rows as interleave_rows
 from ._ps import mark_written as mark_written

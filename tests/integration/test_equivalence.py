@@ -138,6 +138,22 @@ def test_barrier_and_pipelined_give_the_same_bits(runs):
         np.testing.assert_array_equal(pipelined[k], barrier[k], err_msg=k)
 
 
+def test_a_sole_worker_reads_its_own_rows_and_gives_the_barrier_bits(runs):
+    """One worker (SGD, ps aggregation, pipelined) brings the rows its last two steps wrote
+    forward itself and pulls only the others, waiting for no commit: the same bits as the
+    barrier mode (which pulls every row after its commit), over two shards."""
+    tmp, cache = runs
+    sole = cache.get((1, 2, "sgd")) or train(tmp, "w1p2-sgd", 1, 2, ["--sparse-optimizer", "sgd"])
+    barrier = train(tmp, "sole-barrier", 1, 2, ["--sparse-sync", "barrier"])
+    for k in sole:
+        np.testing.assert_array_equal(sole[k], barrier[k], err_msg=k)
+    s = read_summary(tmp / "w1p2-sgd.metrics.jsonl")
+    held, pulled = s["rows_held"], s["rows_pulled"]
+    assert held > 0 and pulled > 0  # both halves of every read after the second
+    assert held + pulled == s["rows_pushed"]  # every row it read, it wrote
+    assert read_summary(tmp / "sole-barrier.metrics.jsonl").get("rows_held") is None
+
+
 def test_real_criteo_rows_train_and_equal_the_reference(runs):
     """The 200-row Criteo sample through the whole stack: reader, hashing of hex values into
     the fused key space, two workers, two shards, against the reference on the same file."""

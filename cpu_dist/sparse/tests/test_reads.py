@@ -96,3 +96,30 @@ def test_interleave_rows_puts_each_pull_back_in_key_order():
         _ps_client.interleave_rows(mask, late[1:], early)
     with pytest.raises(ValueError, match="must hold the"):
         _ps_client.interleave_rows(mask, late, early[:, :2])
+
+
+def test_fill_rows_takes_each_key_from_the_first_level_that_holds_it():
+    """The sole writer's read: the newest held step wins, then the older, then the pull."""
+    rng = np.random.default_rng(6)
+    keys = np.unique(rng.integers(0, 400, 120))
+    newer = np.unique(rng.choice(keys, 40))
+    older = np.unique(np.concatenate([rng.choice(keys, 40), rng.integers(400, 500, 9)]))
+    rows_of = {k: rng.random(3).astype(np.float32) for k in range(500)}
+    level = lambda ks, tag: (ks, np.stack([rows_of[k] + tag for k in ks]))  # noqa: E731
+    held = [level(newer, 1.0), level(older, 2.0)]
+    rest_keys = keys[~np.isin(keys, np.concatenate([newer, older]))]
+    rest = np.stack([rows_of[k] for k in rest_keys])
+    got = _ps_client.fill_rows(keys, rest, held)
+    want = np.stack(
+        [rows_of[k] + (1.0 if k in newer else 2.0 if k in older else 0.0) for k in keys.tolist()]
+    )
+    np.testing.assert_array_equal(got, want)
+    assert _ps_client.fill_rows(keys, np.concatenate([level(keys, 0)[1]]), []).shape == got.shape
+    with pytest.raises(ValueError, match=r"must hold the rows of the \d+ keys"):
+        _ps_client.fill_rows(keys, rest[1:], held)
+    with pytest.raises(ValueError, match="keys must be sorted ascending and distinct"):
+        _ps_client.fill_rows(keys[::-1], rest, held)
+    with pytest.raises(ValueError, match=r"held\[1\] keys must be sorted"):
+        _ps_client.fill_rows(keys, rest, [held[0], (older[::-1], held[1][1])])
+    with pytest.raises(ValueError, match=r"held\[0\]: rows \(\d+, 3\) for \d+ keys"):
+        _ps_client.fill_rows(keys, rest, [(newer, held[0][1][1:])])

@@ -13,6 +13,10 @@ all tables, and every table of a step is pulled in one request per shard per
                           step did not write are pulled during the dense phase (``early.py``).
 ``AsyncPrefetchPipeline`` ``--sparse-sync async`` with K >= 1: the same early pull; the shards'
                           replies say whether they hold every commit the bound needs.
+``SoleWriterPipeline``    one worker, ps aggregation, SGD tables: the rows the last two steps
+                          wrote are the worker's own (it applies its commits to the rows it
+                          read, the shard's arithmetic), the rest pulled during the step
+                          before, so reads wait for no commit (``sole_writer.py``).
 ``CatchUpPipeline``       collective aggregation, pipelined or async: the next step's rows are
                           pulled during the whole step and the worker applies the commits they
                           miss itself (``catch_up.py``), so reads wait for no commit.
@@ -29,6 +33,7 @@ from cpu_dist.train.pipelines.cache import CacheStage
 from cpu_dist.train.pipelines.catch_up import CatchUpPipeline, CatchUpTable
 from cpu_dist.train.pipelines.choose import SparseMode, make_committer, make_pipeline, sparse_mode
 from cpu_dist.train.pipelines.early import AsyncPrefetchPipeline, EarlyPullPipeline
+from cpu_dist.train.pipelines.sole_writer import SoleWriterPipeline
 
 __all__ = [
     "AsyncPrefetchPipeline",
@@ -37,6 +42,7 @@ __all__ = [
     "CatchUpTable",
     "DirectPipeline",
     "EarlyPullPipeline",
+    "SoleWriterPipeline",
     "SparseMode",
     "StepPipeline",
     "TableKeys",

@@ -21,11 +21,12 @@ from cpu_dist.train.pipelines.base import DirectPipeline, StepPipeline
 from cpu_dist.train.pipelines.cache import CacheStage
 from cpu_dist.train.pipelines.catch_up import CatchUpPipeline, CatchUpTable
 from cpu_dist.train.pipelines.early import AsyncPrefetchPipeline, EarlyPullPipeline
+from cpu_dist.train.pipelines.sole_writer import SoleWriterPipeline
 
 if TYPE_CHECKING:
     from gpu_cache import TableKeysOf
 
-Strategy = Literal["cache", "catch_up", "early_pull", "async_prefetch", "direct"]
+Strategy = Literal["cache", "catch_up", "sole_writer", "early_pull", "async_prefetch", "direct"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,16 @@ def sparse_mode(cfg: Config) -> SparseMode:
         # the worker holds every step's summed gradients and no table rule decides at the
         # shard what a commit touches: reads are brought up to date instead of waiting
         strategy = "catch_up"
+    elif (
+        cfg.job.worker_num == 1
+        and t.sparse_sync == "pipelined"
+        and t.aggregation == "ps"
+        and not (rules or expiry)
+        and cfg.client.compression == "none"
+        and all(x.optimizer == "sgd" for x in tables)
+    ):
+        # every commit is this worker's own SGD step: it brings its rows forward itself
+        strategy = "sole_writer"
     elif t.sparse_sync == "pipelined" and not expiry:
         # expiry can drop a row at its commit: a write of that step no worker knows of
         strategy = "early_pull"
@@ -63,7 +74,7 @@ def sparse_mode(cfg: Config) -> SparseMode:
     return SparseMode(
         strategy,
         exchange_ids=strategy in ("early_pull", "async_prefetch"),
-        background=strategy in ("cache", "catch_up"),
+        background=strategy in ("cache", "catch_up", "sole_writer"),
     )
 
 
@@ -122,6 +133,9 @@ def make_pipeline(
                 CatchUpTable(TABLE, client.dim, cfg.train.sparse_optimizer, cfg.train.sparse_lr)
             ]
         return CatchUpPipeline(reads, committer, timer, timeout_s, cfg.client.compression, tables)
+    if strategy == "sole_writer":
+        lrs = {TABLE: cfg.train.sparse_lr} if fused else {t.name: t.lr for t in cfg.tables.tables}
+        return SoleWriterPipeline(reads, committer, timer, dims, lrs, timeout_s)
     if strategy == "early_pull":
         return EarlyPullPipeline(reads, committer, timer, dims, timeout_s)
     if strategy == "async_prefetch":

@@ -16,6 +16,7 @@ from cpu_dist.sparse import Server
 from cpu_dist.train.loop import make_client
 from cpu_dist.train.pipelines import (
     AsyncPrefetchPipeline,
+    SoleWriterPipeline,
     make_committer,
     make_pipeline,
     sparse_mode,
@@ -54,6 +55,11 @@ def config(*flags: str):
         (("--aggregation", "collective"), "catch_up", False, True),
         (("--aggregation", "collective", "--ps-expire-after", "3"), "direct", False, False),
         (("--ps-expire-after", "3"), "direct", False, False),
+        (("--worker-num", "1"), "sole_writer", False, True),
+        (("--worker-num", "1", "--sparse-sync", "barrier"), "direct", False, False),
+        (("--worker-num", "1", "--ps-compression", "fp16"), "early_pull", True, False),
+        (("--worker-num", "1", "--ps-admit-after", "2"), "early_pull", True, False),
+        (("--worker-num", "1", "--aggregation", "collective"), "catch_up", False, True),
     ],
 )
 @pytest.mark.parametrize("with_file", [False, True])
@@ -136,5 +142,46 @@ def test_async_prefetch_counts_every_row_of_an_expiring_table_as_written(tmp_pat
         assert isinstance(pipe, AsyncPrefetchPipeline)
         assert pipe.unknown_writes == set(cfg.tables.names)
         pipe.finish(-1)
+    finally:
+        server.stop(2)
+
+
+def test_a_sole_writer_reads_every_row_as_after_every_commit(tmp_path):
+    """One worker, a job file's two SGD tables on a real in-process shard: each read (keys
+    overlapping the last two steps', some new) equals a pull made after the commit it depends
+    on, bit for bit; rows the last two steps wrote are the worker's own, and a prefetch for
+    other keys is let go (that read pulls everything)."""
+    cfg = config("--config", job_file(tmp_path), "--worker-num", "1")
+    server = Server(0, TOKEN, tables=cfg.tables.specs(cfg.train.seed))
+    server.start()
+    try:
+        client = make_client(cfg, TOKEN, [server.address])
+        committer = make_committer(cfg, client, MPI.COMM_SELF, session_id=11)
+        pipe = make_pipeline(cfg, client, committer, MPI.COMM_SELF, None, PhaseTimer())  # type: ignore[arg-type]
+        assert isinstance(pipe, SoleWriterPipeline)
+        rng = np.random.default_rng(3)
+        dims = cfg.tables.dims
+        steps = [{n: np.unique(rng.integers(0, 60 + 10 * s, 30)) for n in dims} for s in range(8)]
+        for step, unique in enumerate(steps):
+            rows = pipe.read(step, unique)
+            if step + 1 < len(steps) and step % 2:  # the loop's order: before the submit
+                pipe.prefetch(step + 1, steps[step + 1])
+            committer.wait_applied(step - 1)
+            want = client.pull_tables(unique)
+            for name in dims:
+                np.testing.assert_array_equal(rows[name].numpy(), want[name], err_msg=name)
+            grads = {n: rng.standard_normal((len(unique[n]), d)).astype(np.float32)
+                     for n, d in dims.items()}  # fmt: skip
+            pipe.submit(step, unique, grads)
+            if step + 1 < len(steps) and not step % 2:  # or after it
+                hint = steps[step + 1] if step != 4 else {n: k[1:] for n, k in unique.items()}
+                pipe.prefetch(step + 1, hint)
+        pipe.finish(len(steps) - 1)
+        m = pipe.metrics()
+        read = sum(len(k) for u in steps for k in u.values())
+        assert m["rows_held"] + m["rows_pulled"] == read
+        assert m["rows_held"] > 0
+        # step 0 and the read after the wrong hint pulled all their rows
+        assert m["rows_pulled"] >= sum(len(k) for u in (steps[0], steps[5]) for k in u.values())
     finally:
         server.stop(2)

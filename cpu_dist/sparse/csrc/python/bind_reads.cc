@@ -1,7 +1,8 @@
-// cpu_dist.sparse._ps_client.mark_written / interleave_rows: early_rows.h for reads.py's
-// EarlyPull, with the GIL released around each pass.
+// cpu_dist.sparse._ps_client.mark_written / interleave_rows / fill_rows: early_rows.h for
+// reads.py's EarlyPull and the sole writer's reads, with the GIL released around each pass.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
 #include "convert.h"
@@ -13,15 +14,20 @@ namespace {
 
 using MaskArray = py::array_t<bool, py::array::c_style | py::array::forcecast>;
 
+void check_rising(const KeysArray& keys, const std::string& name) {
+  const int64_t* k = keys.data();
+  for (py::ssize_t j = 1; j < keys.shape(0); ++j)
+    if (k[j] <= k[j - 1])
+      throw py::value_error(name + " must be sorted ascending and distinct: position " +
+                            std::to_string(j) + " holds " + std::to_string(k[j]) + " after " +
+                            std::to_string(k[j - 1]));
+}
+
 py::array_t<bool> mark(const py::handle& keys_obj, const py::handle& written_obj) {
   KeysArray keys = as_keys(keys_obj), written = as_keys(written_obj);
+  check_rising(written, "written");
   const int64_t* w = written.data();
   const size_t m = static_cast<size_t>(written.shape(0));
-  for (size_t j = 1; j < m; ++j)
-    if (w[j] <= w[j - 1])
-      throw py::value_error("written must be sorted ascending and distinct: position " +
-                            std::to_string(j) + " holds " + std::to_string(w[j]) + " after " +
-                            std::to_string(w[j - 1]));
   py::array_t<bool> out(keys.shape(0));
   {
     py::gil_scoped_release release;
@@ -60,6 +66,45 @@ py::array_t<float> interleave(const py::handle& mask_obj, const py::handle& late
   return out;
 }
 
+py::array_t<float> fill(const py::handle& keys_obj, const py::handle& rest_obj,
+                        const py::list& held_obj) {
+  KeysArray keys = as_keys(keys_obj);
+  check_rising(keys, "keys");
+  RowsArray rest = rows_2d(rest_obj, "rest");
+  const py::ssize_t n = keys.shape(0), dim = rest.shape(1);
+  std::vector<KeysArray> held_keys;  // kept alive (and converted once) for the pass
+  std::vector<RowsArray> held_rows;
+  std::vector<ps::HeldRows> levels;
+  for (size_t l = 0; l < held_obj.size(); ++l) {
+    const auto pair = held_obj[l].cast<py::tuple>();
+    if (pair.size() != 2) throw py::value_error("held: each level is a (keys, rows) pair");
+    const std::string name = "held[" + std::to_string(l) + "]";
+    held_keys.push_back(as_keys(pair[0]));
+    check_rising(held_keys.back(), name + " keys");
+    held_rows.push_back(rows_2d(pair[1], (name + " rows").c_str()));
+    const RowsArray& r = held_rows.back();
+    if (r.shape(0) != held_keys.back().shape(0) || r.shape(1) != dim)
+      throw py::value_error(name + ": rows " + shape_str(r) + " for " +
+                            std::to_string(held_keys.back().shape(0)) + " keys, width " +
+                            std::to_string(dim) + " expected");
+  }
+  for (size_t l = 0; l < held_keys.size(); ++l)
+    levels.push_back(
+        {held_keys[l].data(), static_cast<size_t>(held_keys[l].shape(0)), held_rows[l].data()});
+  py::array_t<float> out({n, dim});
+  size_t used = 0;
+  {
+    py::gil_scoped_release release;
+    used = ps::fill_rows(keys.data(), static_cast<size_t>(n), levels.data(), levels.size(),
+                         rest.data(), static_cast<size_t>(rest.shape(0)), static_cast<size_t>(dim),
+                         out.mutable_data());
+  }
+  if (used != static_cast<size_t>(rest.shape(0)))
+    throw py::value_error("rest " + shape_str(rest) + " must hold the rows of the " +
+                          std::to_string(used) + " keys that no level of held holds");
+  return out;
+}
+
 }  // namespace
 
 void bind_reads(py::module_& m) {
@@ -68,6 +113,9 @@ void bind_reads(py::module_& m) {
         "ValueError otherwise).  One merge pass where `keys` are sorted.");
   m.def("interleave_rows", &interleave, py::arg("written"), py::arg("late"), py::arg("early"),
         "float32 [n, dim]: row i the next row of `late` where written[i], of `early` otherwise.");
+  m.def("fill_rows", &fill, py::arg("keys"), py::arg("rest"), py::arg("held"),
+        "float32 [n, dim]: row i the row of keys[i] in the first (keys, rows) level of `held` "
+        "that holds it, else the next row of `rest`.  All keys sorted ascending and distinct.");
 }
 
 }  // namespace cpu_dist::python
