@@ -60,11 +60,16 @@ class EarlyPull:
         dims: Mapping[str, int],
         *,
         session: int | None = None,
+        earlier: Sequence[Mapping[str, np.ndarray]] = (),
     ) -> None:
         """``session``: name the commit session, so that the reply says which commits its
-        shards hold (:meth:`TablesPull.committed_step`)."""
+        shards hold (:meth:`TablesPull.committed_step`).  ``earlier``: the rows (per table) of
+        steps before t whose commits may not be applied yet either: they count as written."""
         self.reads, self.step, self.unique, self.dims = reads, step, dict(unique), dims
         self.dependent = {n: written_by(u, written.get(n)) for n, u in self.unique.items()}
+        for rows in earlier:
+            for n, u in self.unique.items():
+                self.dependent[n] |= written_by(u, rows[n])
         self.early = reads.pull_async(self.part(written=False), session=session)
 
     def part(self, written: bool) -> dict[str, np.ndarray]:

@@ -47,6 +47,22 @@ def test_early_pull_reads_written_rows_after_the_commit(client):
     np.testing.assert_array_equal(rows[TABLE], client.pull(unique))
 
 
+def test_rows_of_earlier_steps_count_as_written_too(client):
+    """The sole writer's early pull: rows that step t or an earlier step wrote wait."""
+    unique = np.array([1, 3, 4, 9, 12], dtype=np.int64)
+    reads = TableReads(client, [TABLE], one_table=True)
+    early = EarlyPull(
+        reads,
+        8,
+        {TABLE: unique},
+        {TABLE: np.array([3, 5], np.int64)},
+        {TABLE: 4},
+        earlier=[{TABLE: np.array([9], np.int64)}, {TABLE: np.array([0, 12], np.int64)}],
+    )
+    np.testing.assert_array_equal(early.part(written=True)[TABLE], [3, 9, 12])
+    np.testing.assert_array_equal(early.early.wait(10)[TABLE], client.pull(np.array([1, 4])))
+
+
 def test_nothing_written_means_nothing_waits_and_unknown_means_everything_waits(client):
     unique = np.array([1, 3, 4], dtype=np.int64)
     commits = Applied()

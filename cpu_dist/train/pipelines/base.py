@@ -75,10 +75,15 @@ class DirectPipeline:
         self.written: dict[str, np.ndarray | None] = {}
 
     def read(self, step: int, unique: TableKeys) -> TableRows:
+        return tensors(unique, self.pull_after_commit(step, unique))
+
+    def pull_after_commit(self, step: int, unique: TableKeys) -> dict[str, np.ndarray]:
+        """Every row of ``unique`` (per table, numpy), pulled once the read of ``step`` may go
+        ahead."""
         with self.timer("commit_wait"):
             self.committer.wait_for_read(step)
         with self.timer("pull"):
-            return tensors(unique, self.reads.pull(unique))
+            return self.reads.pull(unique)
 
     def submit(self, step: int, keys: TableKeys, grads: TableKeys) -> None:
         self.handed_over(self.committer.submit_tables(step, {n: (keys[n], grads[n]) for n in keys}))

@@ -134,8 +134,7 @@ def make_pipeline(
             ]
         return CatchUpPipeline(reads, committer, timer, timeout_s, cfg.client.compression, tables)
     if strategy == "sole_writer":
-        lrs = {TABLE: cfg.train.sparse_lr} if fused else {t.name: t.lr for t in cfg.tables.tables}
-        return SoleWriterPipeline(reads, committer, timer, dims, lrs, timeout_s)
+        return SoleWriterPipeline(reads, committer, timer, dims, timeout_s)
     if strategy == "early_pull":
         return EarlyPullPipeline(reads, committer, timer, dims, timeout_s)
     if strategy == "async_prefetch":

@@ -19,7 +19,7 @@ from cpu_dist.sparse.reads import EarlyPull, TableReads
 from cpu_dist.train.pipelines.base import DirectPipeline, TableKeys, TableRows, tensors
 
 
-class _Early(DirectPipeline):
+class HintPipeline(DirectPipeline):
     """A :class:`DirectPipeline` that holds one :class:`EarlyPull` (a hint) at a time."""
 
     def __init__(
@@ -49,7 +49,7 @@ class _Early(DirectPipeline):
         super().finish(last_step)
 
 
-class EarlyPullPipeline(_Early):
+class EarlyPullPipeline(HintPipeline):
     """As soon as step t+1's keys are known, every table's rows that step t did not write
     are pulled (its written rows per table come from the step's id exchange); at the read,
     after commit t, the rows it wrote."""
@@ -67,7 +67,7 @@ class EarlyPullPipeline(_Early):
             return tensors(unique, early.finish(self.committer, self.timeout_s))
 
 
-class AsyncPrefetchPipeline(_Early):
+class AsyncPrefetchPipeline(HintPipeline):
     """``--sparse-sync async`` with K >= 1.  Step t+1's rows that step t does not write are
     pulled as soon as its keys are known (during step t), naming the commit session so that
     each shard's reply says which commits they hold; at the read, the worker waits only for

@@ -26,8 +26,9 @@ import torch
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.sparse import _ps, _ps_client
 from cpu_dist.sparse.commits import SparseCommitter
-from cpu_dist.sparse.reads import TableReads, TablesPull
-from cpu_dist.train.pipelines.base import DirectPipeline, TableKeys, TableRows
+from cpu_dist.sparse.reads import EarlyPull, TableReads
+from cpu_dist.train.pipelines.base import TableKeys, TableRows
+from cpu_dist.train.pipelines.early import HintPipeline
 
 
 @dataclass(frozen=True)
@@ -39,18 +40,10 @@ class _Held:
     rows: dict[str, np.ndarray]
 
 
-@dataclass
-class _Ahead:
-    """Step ``step``'s pull of the rows that the two steps before it did not write."""
-
-    step: int
-    unique: dict[str, np.ndarray]
-    pull: TablesPull
-
-
-class SoleWriterPipeline(DirectPipeline):
+class SoleWriterPipeline(HintPipeline):
     """``--worker-num 1``, ``--sparse-sync pipelined``, ps aggregation, every table SGD, no
-    table rules, no compression (see the module docstring)."""
+    table rules, no compression (see the module docstring).  Each table's rate is the one its
+    commits carry (the session's: ``table_lrs``, or the one-table form's ``lr``)."""
 
     prefetch_early = True
 
@@ -60,78 +53,47 @@ class SoleWriterPipeline(DirectPipeline):
         committer: SparseCommitter,
         timer: PhaseTimer,
         dims: Mapping[str, int],
-        lrs: Mapping[str, float],
         timeout_s: float,
     ) -> None:
-        """``lrs``: each table's base learning rate (its commits carry the schedule's rate of
-        it, and so does the worker's own update)."""
-        super().__init__(reads, committer, timer, dims)
-        self.lrs, self.timeout_s = dict(lrs), timeout_s
-        self.schedule = committer.session.schedule
+        super().__init__(reads, committer, timer, dims, timeout_s)
+        session = committer.session
+        self.lrs = dict(session.table_lrs) or dict.fromkeys(dims, session.lr)
         self._held: deque[_Held] = deque(maxlen=2)  # the last two commits' rows, newest last
+        # The last read: (step, unique keys, rows), until its submit makes them held rows.
         self._read: tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
-        self._ahead: _Ahead | None = None
         self.rows_held = self.rows_pulled = 0
 
-    def _levels(self, step: int) -> list[_Held] | None:
-        """The held commits a read of ``step`` takes rows from (step-1, then step-2), or None
-        where they are not the ones it needs (a read that was not the previous step's)."""
-        levels = list(reversed(self._held))
-        need = [s for s in (step - 1, step - 2) if s >= self.committer.session.base]
-        if [h.step for h in levels[: len(need)]] != need:
-            return None
-        return levels[: len(need)]
+    def _needed(self, step: int) -> list[int]:
+        """The steps whose rows a read of ``step`` holds rather than pulls (this session's
+        step-1 and step-2), newest first."""
+        base = self.committer.session.base
+        return [s for s in (step - 1, step - 2) if s >= base]
 
     def prefetch(self, step: int, unique: TableKeys) -> None:
         """Pull the rows of ``step`` that ``step - 1`` and ``step - 2`` do not write (called
         after the read of ``step - 1``, before or after its submit)."""
-        self._discard()
         written = {h.step: h.keys for h in self._held}
         if self._read is not None:
             written[self._read[0]] = self._read[1]
-        need = [s for s in (step - 1, step - 2) if s >= self.base]
+        need = self._needed(step)
         if step - 1 not in written or any(s not in written for s in need):
             return  # the read of step pulls everything
         self.committer.wait_applied(step - 3)  # the rows neither step writes hold it then
-        rest = {}
-        for name, keys in unique.items():
-            mine = np.zeros(len(keys), dtype=bool)
-            for s in need:
-                mine |= _ps_client.mark_written(keys, written[s][name])
-            rest[name] = keys[~mine]
-        self._ahead = _Ahead(step, dict(unique), self.reads.pull_async(rest))
-
-    @property
-    def base(self) -> int:
-        return self.committer.session.base
-
-    def _discard(self) -> None:
-        if self._ahead is not None:  # a pull for a step that never read it: let it end
-            self._ahead.pull.wait(self.timeout_s)
-            self._ahead = None
+        self._early = EarlyPull(
+            self.reads,
+            step,
+            unique,
+            written[step - 1],
+            self.dims,
+            earlier=[written[s] for s in need[1:]],
+        )
 
     def read(self, step: int, unique: TableKeys) -> TableRows:
-        ahead, self._ahead = self._ahead, None
-        levels = self._levels(step)
-        usable = (
-            ahead is not None
-            and levels is not None
-            and ahead.step == step
-            and ahead.unique.keys() == unique.keys()
-            and all(np.array_equal(ahead.unique[n], unique[n]) for n in unique)
-        )
-        if not usable:
-            if ahead is not None:
-                ahead.pull.wait(self.timeout_s)
-            with self.timer("commit_wait"):
-                self.committer.wait_for_read(step)
+        early = self._take(step, unique)
+        levels = [h for s in self._needed(step) for h in self._held if h.step == s]
+        if early is not None and len(levels) == len(self._needed(step)):
             with self.timer("pull"):
-                rows = self.reads.pull(unique)
-            self.rows_pulled += sum(len(k) for k in unique.values())
-        else:
-            assert ahead is not None and levels is not None
-            with self.timer("pull"):
-                rest = ahead.pull.wait(self.timeout_s)
+                rest = early.early.wait(self.timeout_s)
                 rows = {
                     name: _ps_client.fill_rows(
                         keys, rest[name], [(h.keys[name], h.rows[name]) for h in levels]
@@ -139,32 +101,34 @@ class SoleWriterPipeline(DirectPipeline):
                     for name, keys in unique.items()
                 }
             pulled = sum(len(r) for r in rest.values())
-            self.rows_pulled += pulled
             self.rows_held += sum(len(k) for k in unique.values()) - pulled
             self.committer.caught_up_read()
+        else:  # no pull ahead, or not the held rows it was for
+            if early is not None:
+                early.discard(self.timeout_s)
+            rows = self.pull_after_commit(step, unique)
+            pulled = sum(len(k) for k in unique.values())
+        self.rows_pulled += pulled
         self._read = (step, dict(unique), rows)
         return {name: torch.from_numpy(rows[name]) for name in unique}
 
     def submit(self, step: int, keys: TableKeys, grads: TableKeys) -> None:
         super().submit(step, keys, grads)
-        read = self._read
-        if read is None or read[0] != step:
+        read, self._read = self._read, None
+        if (
+            read is None
+            or read[0] != step
+            or any(not np.array_equal(k, read[1][name]) for name, k in keys.items())
+        ):
             self._held.clear()  # rows this worker does not hold: the next read pulls them all
             return
-        _, unique, rows = read
-        after: dict[str, np.ndarray] = {}
-        for name, k in keys.items():
-            if not np.array_equal(k, unique[name]):
-                self._held.clear()
-                return
-            r = rows[name]  # the model is done with them: they become commit step's rows
-            _ps.apply_rows(r, grads[name], self.schedule.rate(self.lrs[name], step), "sgd", 1.0)
-            after[name] = r
-        self._held.append(_Held(step, dict(keys), after))
-        self._read = None
+        rows = read[2]  # the model is done with them: they become commit step's rows
+        rate = self.committer.session.schedule.rate
+        for name in keys:
+            _ps.apply_rows(rows[name], grads[name], rate(self.lrs[name], step), "sgd", 1.0)
+        self._held.append(_Held(step, dict(keys), {name: rows[name] for name in keys}))
 
     def finish(self, last_step: int) -> None:
-        self._discard()
         self._held.clear()
         super().finish(last_step)
 

@@ -72,25 +72,22 @@ py::array_t<float> fill(const py::handle& keys_obj, const py::handle& rest_obj,
   check_rising(keys, "keys");
   RowsArray rest = rows_2d(rest_obj, "rest");
   const py::ssize_t n = keys.shape(0), dim = rest.shape(1);
-  std::vector<KeysArray> held_keys;  // kept alive (and converted once) for the pass
+  // The converted arrays stay alive for the pass; their data does not move with the vectors.
+  std::vector<KeysArray> held_keys;
   std::vector<RowsArray> held_rows;
   std::vector<ps::HeldRows> levels;
   for (size_t l = 0; l < held_obj.size(); ++l) {
     const auto pair = held_obj[l].cast<py::tuple>();
     if (pair.size() != 2) throw py::value_error("held: each level is a (keys, rows) pair");
     const std::string name = "held[" + std::to_string(l) + "]";
-    held_keys.push_back(as_keys(pair[0]));
-    check_rising(held_keys.back(), name + " keys");
-    held_rows.push_back(rows_2d(pair[1], (name + " rows").c_str()));
-    const RowsArray& r = held_rows.back();
-    if (r.shape(0) != held_keys.back().shape(0) || r.shape(1) != dim)
-      throw py::value_error(name + ": rows " + shape_str(r) + " for " +
-                            std::to_string(held_keys.back().shape(0)) + " keys, width " +
-                            std::to_string(dim) + " expected");
+    const KeysArray& k = held_keys.emplace_back(as_keys(pair[0]));
+    check_rising(k, name + " keys");
+    const RowsArray& r = held_rows.emplace_back(rows_2d(pair[1], (name + " rows").c_str()));
+    if (r.shape(0) != k.shape(0) || r.shape(1) != dim)
+      throw py::value_error(name + ": rows " + shape_str(r) + " for " + std::to_string(k.shape(0)) +
+                            " keys, width " + std::to_string(dim) + " expected");
+    levels.push_back({k.data(), static_cast<size_t>(k.shape(0)), r.data()});
   }
-  for (size_t l = 0; l < held_keys.size(); ++l)
-    levels.push_back(
-        {held_keys[l].data(), static_cast<size_t>(held_keys[l].shape(0)), held_rows[l].data()});
   py::array_t<float> out({n, dim});
   size_t used = 0;
   {
