@@ -216,6 +216,7 @@ class TableStats(TypedDict):
     rows_admitted: int
     rows_expired: int
     bytes: int
+    blocks_ahead: int
 
 class DumpPages:
     """Pages of a dump, (keys, values, state) each: keys sorted inside a page, every page from

@@ -195,7 +195,15 @@ def format_table(
 
 
 # Each table's figures in the summary's ``tables`` object (from each shard's Stats ``tables``).
-TABLE_FIGURES = ("rows", "rows_dram", "rows_ssd", "rows_admitted", "rows_expired", "bytes")
+TABLE_FIGURES = (
+    "rows",
+    "rows_dram",
+    "rows_ssd",
+    "rows_admitted",
+    "rows_expired",
+    "bytes",
+    "blocks_ahead",
+)
 # What the workers count per table (TableTraffic), summed over them, beside the shards' figures.
 TRAFFIC_FIGURES = ("ids_looked_up", "rows_read", "row_bytes_read")
 # Worker 0's cache of each table (``--read-mode bagpipe``): its size in rows, its lookups, hits

@@ -72,6 +72,7 @@ StatsResponse PsService::stats() const {
     out->set_rows_admitted(ts.rows_admitted);
     out->set_rows_expired(ts.rows_expired);
     out->set_bytes(b);
+    out->set_blocks_ahead(ts.blocks_ahead);
     rows += r;
     bytes += b;
     sum.rows_dram += ts.rows_dram;

@@ -63,7 +63,10 @@ ShardTable::ShardTable(ShardTableSpec spec, uint32_t num_stripes, uint32_t max_b
       stripes_(std::max(1u, num_stripes)),
       rules_(spec_.rules()),
       serial_(tiers_.memory_rows > 0 || !tiers_.ssd_dir.empty() || tiers_.budget ||
-              rules_.active()) {
+              rules_.active()),
+      grows_ahead_(tiers_.memory_rows == 0 && tiers_.ssd_dir.empty() && !tiers_.budget),
+      grow_ahead_(
+          [this](size_t i, size_t block, Block& blk) { return file_spare(i, block, blk); }) {
   if (!tiers_.ssd_dir.empty()) {
     // Keyed by the table's salted partitions, values with its state width (tier_store.h).
     store_ = std::make_unique<TierStore>(store_dir(), dim_, spec_.salt(), sw_);
@@ -168,6 +171,28 @@ uint32_t ShardTable::new_slot(Slots& s) const {
     s.used_in_last = 0;
   }
   return (static_cast<uint32_t>(s.blocks.size() - 1) << 16) | s.used_in_last;
+}
+
+void ShardTable::grow_ahead(size_t i, Stripe& st) const {
+  Slots& s = st.s;
+  if (!grows_ahead_ || s.blocks.empty() || !s.spare.empty()) return;
+  const size_t next = s.blocks.size(), rows = block_rows(next - 1);
+  // Half full, with no freed slots to take first; asked once per block.
+  if (next >= max_blocks_ || st.ahead_asked == next || 2 * s.used_in_last < rows ||
+      s.free.size() >= rows / 2)
+    return;
+  st.ahead_asked = next;
+  grow_ahead_.request(i, next, block_rows(next) * slot_bytes_);
+}
+
+bool ShardTable::file_spare(size_t i, size_t block, Block& blk) const {
+  Stripe& st = stripes_[i];
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.ahead_asked == block) st.ahead_asked = SIZE_MAX;
+  // Not if the stripe took that block meanwhile, or a load left spares (a load swaps Slots).
+  if (st.s.blocks.size() != block || !st.s.spare.empty()) return false;
+  st.s.spare.push_back(std::move(blk));
+  return true;
 }
 
 uint32_t ShardTable::take_slot(Slots& s, int64_t key) const {
@@ -401,7 +426,7 @@ uint64_t ShardTable::bytes() const {
     std::lock_guard<std::mutex> lock(st.mu);
     b += st.s.index.capacity() * (sizeof(std::pair<int64_t, uint32_t>) + 1);
     b += st.s.free.capacity() * sizeof(uint32_t);
-    for (size_t i = 0; i < st.s.blocks.size(); ++i)
+    for (size_t i = 0; i < st.s.blocks.size() + st.s.spare.size(); ++i)  // spares: the next
       b += static_cast<uint64_t>(block_rows(i)) * slot_bytes_;
   }
   return b;
@@ -419,6 +444,7 @@ TierStats ShardTable::tier_stats() const {
   t.rows_expired = rows_expired_.load();
   t.pending_counts = pending_counts_.load();
   t.rows_read_ssd = rows_read_ssd_.load();
+  t.blocks_ahead = grow_ahead_.filed();
   return t;
 }
 

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "grow_ahead.h"
 #include "huge_pages.h"
 #include "memory_budget.h"
 #include "optimizer.h"
@@ -108,6 +109,7 @@ struct TierStats {
   uint64_t rows_dram = 0, rows_ssd = 0, ssd_bytes = 0;
   uint64_t rows_admitted = 0, rows_expired = 0, pending_counts = 0;
   uint64_t rows_read_ssd = 0;
+  uint64_t blocks_ahead = 0;  // slot blocks faulted in ahead of the updates (grow_ahead.h)
 };
 
 class ShardTable {
@@ -269,10 +271,7 @@ class ShardTable {
   void init_row(int64_t key, float* out) const;
 
  private:
-  struct FreeDeleter {
-    void operator()(char* p) const { std::free(p); }
-  };
-  using Block = std::unique_ptr<char, FreeDeleter>;
+  using Block = SlotBlock;
 
   // Everything a stripe holds (adopt swaps it whole).
   using KeyIndex =
@@ -283,7 +282,7 @@ class ShardTable {
     std::vector<Block> blocks;
     uint32_t used_in_last = 0;   // slots ever used in blocks.back()
     std::vector<uint32_t> free;  // released slots (capacity kept: release never allocates)
-    std::vector<Block> spare;    // blocks a load faulted in ahead, the next one last
+    std::vector<Block> spare;    // blocks faulted in ahead (a load's, or grow_ahead_'s), next last
     uint32_t hand_block = 0, hand_off = 0;  // CLOCK hand
     uint64_t copies = 0;                    // rows in DRAM with a copy in the SSD tier
     uint64_t ssd_keys = 0;                  // keys of this stripe in the SSD tier
@@ -297,6 +296,8 @@ class ShardTable {
     // new ones.
     std::vector<uint64_t> seen;
     uint64_t seen_marked = 0;
+    // The block index asked of grow_ahead_ and not yet filed (or dropped): asked once.
+    size_t ahead_asked = SIZE_MAX;
   };
   struct StepCtx;
 
@@ -339,7 +340,12 @@ class ShardTable {
   size_t ssd_get_missing(const Slots& s, const int64_t* keys, const uint32_t* order,
                          const std::vector<uint32_t>& missing, std::vector<int64_t>& mkeys,
                          std::vector<char>& values, std::vector<uint8_t>& found) const;
-  uint32_t new_slot(Slots& s) const;            // throws TableFull or bad_alloc
+  uint32_t new_slot(Slots& s) const;  // throws TableFull or bad_alloc
+  // Caller holds stripe i's lock, after an update's inserts: asks grow_ahead_ for the stripe's
+  // next block once its current one is half full (tables without tiers; grow_ahead.h).
+  void grow_ahead(size_t i, Stripe& st) const;
+  // grow_ahead_'s delivery: files blk as stripe i's spare if it still needs block `block`.
+  bool file_spare(size_t i, size_t block, Block& blk) const;
   void release(Slots& s, uint32_t slot) const;  // cannot fail
   uint32_t insert_first_touch(Slots& s, int64_t key) const;
   // order[] gets the indices 0..n-1 grouped by stripe; starts[s]..starts[s+1] is stripe s.
@@ -416,6 +422,10 @@ class ShardTable {
   // A split left this table over its cap (its update lock was taken): its next update evicts.
   std::atomic<bool> shrink_due_{false};
   TestHooks* hooks_ = nullptr;
+  // Faults the growing stripes' next blocks in (DRAM-only tables: a tier's budget would have
+  // to count blocks held ahead).  Last: stopped before anything it files into goes.
+  const bool grows_ahead_;
+  mutable GrowAhead grow_ahead_;
 };
 
 class ShardTable::Staged {

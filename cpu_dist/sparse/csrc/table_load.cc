@@ -3,8 +3,6 @@
 // row also goes to a fresh store in sorted SST files (the checkpoint's (partition, key) order
 // is the store's key order), so a load writes each row once, nothing is compacted, and the
 // rows in DRAM are clean copies that leave DRAM without a write.
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -72,8 +70,7 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
   for (const std::vector<Pages>& blocks : by_block)
     pages.insert(pages.end(), blocks.begin(), blocks.end());
   const auto populate = [](const Pages& r) {
-    return ::madvise(reinterpret_cast<void*>(r.first), r.second - r.first, MADV_POPULATE_WRITE) ==
-           0;
+    return populate_pages(reinterpret_cast<void*>(r.first), r.second - r.first);
   };
   if (pages.empty()) return;
   if (!populate(pages.front())) {

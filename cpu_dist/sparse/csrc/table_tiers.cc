@@ -260,6 +260,7 @@ void ShardTable::prepare_locked(Pass& p, bool write_ahead) {
           }
           *flags_ptr(st.s, slots[j]) |= pin;
         }
+        grow_ahead(s, st);
       }
       if (store_ && st.s.index.size() > st.cap) evict_to(st.s, st.cap);
       // More of this update's rows than the stripe's share: after the update some must leave

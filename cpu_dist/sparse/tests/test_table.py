@@ -1,6 +1,8 @@
 """Pull/push semantics against the numpy reference: first-touch rows, optimizers,
 duplicates, client-side splitting, dump."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,36 @@ def test_python_argument_errors(cluster_factory):
     cl.push(k.astype(np.int32), np.zeros((4, 3), np.float64).T, 0.1)
     cl.pull(np.arange(6, dtype=np.int64)[::2])
     assert c.rows() == 3
+
+
+def _blocks_ahead(cl) -> int:
+    return sum(t["blocks_ahead"] for shard in cl.stats() for t in shard["tables"])
+
+
+def test_growing_stripes_get_their_next_blocks_faulted_in_ahead_and_rows_stay_exact(
+    cluster_factory,
+):
+    """A stripe past half its block has its next block faulted in on the table's own thread
+    (grow_ahead.h); rows written into such blocks are the reference's, bit for bit."""
+    c = cluster_factory(num_shards=1, dim=8)
+    cl = c.client()
+    ref = RefTable(8, c.seed, c.init_scale)
+    rng = np.random.default_rng(3)
+
+    def push(keys):
+        grads = rng_grads(rng, len(keys), 8)
+        cl.push(keys, grads, 0.1, "sgd")
+        ref.push(keys, grads, 0.1, "sgd")
+
+    push(np.arange(4000, dtype=np.int64))  # 16 stripes of about 250 rows: blocks 0-2 used
+    deadline = time.monotonic() + 20.0
+    while _blocks_ahead(cl) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the faulting thread files blocks on its own
+    assert _blocks_ahead(cl) > 0
+    for start in range(4000, 40000, 4000):  # into the blocks filed ahead, and past them
+        push(np.arange(start, start + 4000, dtype=np.int64))
+    push(rng.integers(0, 40000, 3000).astype(np.int64))  # rows of every block again
+    k, v, _ = cl.dump()
+    rk, rv, _ = ref.dump()
+    assert np.array_equal(k, rk) and bits_equal(v, rv)
+    assert _blocks_ahead(cl) > 1

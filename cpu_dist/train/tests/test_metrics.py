@@ -142,15 +142,18 @@ def test_the_summary_has_each_table_s_figures_summed_over_shards_beside_the_tota
 
     shards = [
         {"rows": 5, "tables": [table("a", 4, 2, rows_expired=1), table("b", 16, 3)]},
-        {"rows": 7, "tables": [table("a", 4, 6, rows_admitted=2), table("b", 16, 1)]},
+        {
+            "rows": 7,
+            "tables": [table("a", 4, 6, rows_admitted=2), table("b", 16, 1, blocks_ahead=3)],
+        },
     ]
     got = metrics.table_figures(shards, tiered=False, rules=False)
     assert got["ps_rows"] == 12
     assert got["tables"] == {
         "a": {"dim": 4, "rows": 8, "rows_dram": 8, "rows_ssd": 0, "rows_admitted": 2,
-              "rows_expired": 1, "bytes": 80},
+              "rows_expired": 1, "bytes": 80, "blocks_ahead": 0},
         "b": {"dim": 16, "rows": 4, "rows_dram": 4, "rows_ssd": 0, "rows_admitted": 0,
-              "rows_expired": 0, "bytes": 40},
+              "rows_expired": 0, "bytes": 40, "blocks_ahead": 3},
     }  # fmt: skip
     printed = metrics.summary_table({"steps": 3, **got})
     assert "rows_admitted" in printed and printed.splitlines()[-1].split()[:3] == ["b", "16", "4"]
