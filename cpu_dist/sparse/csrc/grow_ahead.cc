@@ -4,18 +4,29 @@
 
 #include <cstdint>
 #include <system_error>
+#include <utility>
 
 namespace cpu_dist::ps {
 
 namespace {
 constexpr uintptr_t kPage = 4096;
+
+// The whole pages of [p, p + bytes), as [lo, hi) addresses.
+std::pair<uintptr_t, uintptr_t> whole_pages(void* p, size_t bytes) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  return {(at + kPage - 1) / kPage * kPage, (at + bytes) / kPage * kPage};
+}
 }  // namespace
 
 bool populate_pages(void* p, size_t bytes) {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t lo = (at + kPage - 1) / kPage * kPage, hi = (at + bytes) / kPage * kPage;
+  const auto [lo, hi] = whole_pages(p, bytes);
   if (hi <= lo) return true;  // no whole page
   return ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0;
+}
+
+void touch_pages(void* p, size_t bytes) {
+  const auto [lo, hi] = whole_pages(p, bytes);
+  for (uintptr_t a = lo; a < hi; a += kPage) *reinterpret_cast<volatile char*>(a) = 0;
 }
 
 GrowAhead::~GrowAhead() {
@@ -65,9 +76,7 @@ void GrowAhead::run() {
     const size_t bytes = (r.bytes + kPage - 1) / kPage * kPage;
     SlotBlock blk(static_cast<char*>(std::aligned_alloc(kPage, bytes)));
     if (blk == nullptr) continue;  // the stripe allocates (and reports) it itself
-    if (!populate_pages(blk.get(), bytes))
-      for (size_t off = 0; off < bytes; off += kPage)  // the block is this thread's alone
-        reinterpret_cast<volatile char*>(blk.get())[off] = 0;
+    if (!populate_pages(blk.get(), bytes)) touch_pages(blk.get(), bytes);  // this thread's alone
     if (!deliver_(r.stripe, r.block, blk)) continue;  // blk frees what was not filed
     std::lock_guard<std::mutex> lock(mu_);
     ++filed_;

@@ -30,6 +30,9 @@ using SlotBlock = std::unique_ptr<char, FreeBlock>;  // a table's slot block (ma
 // never changes a page that is there, so it may run beside writers).  False where the kernel
 // lacks it (before 5.14): then nothing was done.
 bool populate_pages(void* p, size_t bytes);
+// Writes a zero byte into each whole page of [p, p + bytes): the fault-in of a kernel without
+// MADV_POPULATE_WRITE, for memory that no other thread writes yet.
+void touch_pages(void* p, size_t bytes);
 
 class GrowAhead {
  public:

@@ -48,8 +48,7 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
   // restore of a big table was mostly waiting for it, one page fault at a time, on the
   // inserting threads.  Block b of every stripe comes before block b+1 of any: the order the
   // inserts use them in, so the faults stay ahead of them.
-  using Pages = std::pair<uintptr_t, uintptr_t>;  // the whole pages of one block
-  constexpr uintptr_t kPage = 4096;
+  using Pages = std::pair<char*, size_t>;  // one block: where, how many bytes
   std::vector<std::vector<Pages>> by_block;
   for (Slots& s : staged.stripes) {
     size_t covered = 0;
@@ -57,10 +56,8 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
       const size_t bytes = block_rows(b) * slot_bytes_;
       Block blk(static_cast<char*>(std::malloc(bytes)));
       if (blk == nullptr) throw std::bad_alloc();
-      const uintptr_t lo = (reinterpret_cast<uintptr_t>(blk.get()) + kPage - 1) / kPage * kPage;
-      const uintptr_t hi = (reinterpret_cast<uintptr_t>(blk.get()) + bytes) / kPage * kPage;
       if (by_block.size() <= b) by_block.resize(b + 1);
-      if (hi > lo) by_block[b].emplace_back(lo, hi);
+      by_block[b].emplace_back(blk.get(), bytes);
       s.spare.push_back(std::move(blk));
       covered += block_rows(b);
     }
@@ -69,15 +66,12 @@ void ShardTable::prefault_blocks(Staged& staged, size_t rows_per_stripe, size_t 
   std::vector<Pages> pages;
   for (const std::vector<Pages>& blocks : by_block)
     pages.insert(pages.end(), blocks.begin(), blocks.end());
-  const auto populate = [](const Pages& r) {
-    return populate_pages(reinterpret_cast<void*>(r.first), r.second - r.first);
-  };
+  const auto populate = [](const Pages& r) { return populate_pages(r.first, r.second); };
   if (pages.empty()) return;
   if (!populate(pages.front())) {
     // A kernel before 5.14: touch every page now, before any row is written (a write in the
     // background could race an insert).
-    for (const auto& [lo, hi] : pages)
-      for (uintptr_t a = lo; a < hi; a += kPage) *reinterpret_cast<volatile char*>(a) = 0;
+    for (const auto& [p, bytes] : pages) touch_pages(p, bytes);
     return;
   }
   // MADV_POPULATE_WRITE never changes a page that is there, so it may run beside the inserts.
