@@ -77,6 +77,9 @@ class JobConfig:
     # Workers waiting for each other: the step's barrier, a commit that needs every worker's
     # chunks, the end of the job.  A checkpoint barrier adds the checkpoint's own budget.
     barrier_timeout_s: float = 300.0
+    # How much lower a worker's CPU priority (nice) is than the PS ranks on its node: a shard's
+    # applies and gathers are short and every worker waits on them (common/threads.py).
+    worker_nice: int = 5
 
     @property
     def external_shards(self) -> bool:

@@ -29,6 +29,7 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
         ("ps_host", external, "--ps-host", "PS ranks in the job"),
         ("ps_interface", external, "--ps-interface", "PS ranks in the job"),
         ("session_idle_timeout", external, "--session-idle-timeout", "PS ranks in the job"),
+        ("worker_nice", external, "--worker-nice", "PS ranks in the job"),
         ("ps_memory_rows", external, "--ps-memory-rows", "PS ranks in the job"),
         ("ps_memory_bytes", external, "--ps-memory-bytes", "PS ranks in the job"),
         ("ps_ssd_dir", external, "--ps-ssd-dir", "PS ranks in the job"),

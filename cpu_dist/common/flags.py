@@ -98,6 +98,13 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         help="seconds workers wait for each other (a step, a commit that needs "
         "every worker, the end of the job); checkpoints add --checkpoint-timeout",
     )
+    g.add_argument(
+        "--worker-nice",
+        type=int,
+        default=JobConfig.worker_nice,
+        help="workers that share a node with a PS rank run this much nicer than it, so that "
+        "the shard's short commits and reads are not queued behind their compute (0: off)",
+    )
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:

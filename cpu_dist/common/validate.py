@@ -97,6 +97,8 @@ def _job(a: argparse.Namespace, world_size: int) -> JobConfig:
     _positive(a.barrier_timeout, "--barrier-timeout")
     if not (math.isfinite(a.session_idle_timeout) and a.session_idle_timeout >= 0):
         raise ConfigError(f"--session-idle-timeout {a.session_idle_timeout}: must be >= 0")
+    if not 0 <= a.worker_nice <= 19:
+        raise ConfigError(f"--worker-nice {a.worker_nice}: must be in 0..19 (a nice increment)")
     return JobConfig(
         worker_num=w,
         num_ps_ranks=n_ps,
@@ -108,6 +110,7 @@ def _job(a: argparse.Namespace, world_size: int) -> JobConfig:
         barrier_timeout_s=a.barrier_timeout,
         reuse_shard_rows=a.reuse_shard_rows,
         session_idle_timeout_s=a.session_idle_timeout,
+        worker_nice=a.worker_nice,
     )
 
 

@@ -17,7 +17,7 @@ from cpu_dist.common.mpi_context import (
     ps_listen_host,
     share_job_secret,
 )
-from cpu_dist.common.threads import node_share, share_cores
+from cpu_dist.common.threads import node_share, share_cores, yield_to_shards
 from cpu_dist.common.tokens import TokenError, external_token
 from cpu_dist.data.layout import LayoutError
 from cpu_dist.data.run_length import RunLengthError
@@ -106,6 +106,7 @@ def run_job(cfg: Config, roles: Roles) -> int:
     node = node_share(roles.world, roles.is_worker)
     stopped = False
     if roles.is_worker:
+        yield_to_shards(node, cfg.job.worker_nice)  # before any thread of the worker's starts
         share_cores(node)  # before torch's first import (the loop's)
         from cpu_dist.train.loop import train_worker
 

@@ -82,6 +82,8 @@ def test_original_spellings_are_accepted():
         (["--arch-mlp-bot", "a-b"], 3, "--arch-mlp-bot 'a-b'"),
         (["--lr", "-1"], 3, "--lr -1.0"),
         (["--barrier-timeout", "0"], 3, "--barrier-timeout 0.0"),
+        (["--worker-nice", "20"], 3, "--worker-nice 20: must be in 0..19"),
+        (["--worker-nice", "-1"], 3, "--worker-nice -1: must be in 0..19"),
         (["--sparse-sync", "async", "--max-staleness", "64"], 3, "must be in 0..63"),
         (["--checkpoint-timeout", "nan"], 3, "--checkpoint-timeout nan"),
         (["--ps_list", "host-without-port"], 3, "expected host:port"),

@@ -50,3 +50,34 @@ def test_workers_share_the_cores():
     cores = len(os.sched_getaffinity(0))
     expected = str(max(1, cores // 2))
     assert run(3, 2)[2:] == [expected, expected]
+
+
+NICE = """
+import os, threading
+from cpu_dist.common.threads import NodeShare, yield_to_shards
+before = os.getpriority(os.PRIO_PROCESS, 0)
+applied = yield_to_shards(NodeShare(ranks={ranks}, workers={workers}), {nice})
+seen = []
+t = threading.Thread(target=lambda: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+t.start(); t.join()
+print(before, applied, os.getpriority(os.PRIO_PROCESS, 0) - before, seen[0] - before)
+"""
+
+
+@pytest.mark.parametrize(
+    "ranks, workers, nice, expected",
+    [(3, 2, 5, 5), (2, 1, 3, 3), (2, 2, 5, 0), (1, 1, 5, 0), (3, 2, 0, 0)],
+)
+def test_a_worker_beside_a_ps_rank_runs_nicer_and_so_do_its_threads(ranks, workers, nice, expected):
+    """Only where a PS rank shares the node (more ranks than workers), by the increment asked;
+    threads started afterwards inherit it (Linux keeps nice per thread)."""
+    out = subprocess.run(
+        [sys.executable, "-c", NICE.format(ranks=ranks, workers=workers, nice=nice)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    before, applied, moved, moved_thread = map(int, out.stdout.split())
+    assert applied == expected
+    assert moved == moved_thread == min(expected, 19 - before)  # nice stops at 19
