@@ -326,10 +326,15 @@ class Client:
         session: int | None = None,
         row_steps: bool = False,
         row_states: bool = False,
+        after_step: int | None = None,
+        wait_timeout: float | None = None,
     ) -> Handle[npt.NDArray[np.float32]]:
         """Like pull, at once; wait() returns the rows, committed_step() what the shards
         reported for `session`; with row_steps and row_states (they need `session`),
-        row_steps() and row_states() what each row holds."""
+        row_steps() and row_states() what each row holds.  With after_step (it needs
+        `session` and wait_timeout seconds), every shard answers once that session step is
+        committed on it, with the rows as they are then (committed_step() >= after_step):
+        a read that depends on a commit in one round trip, started before it is applied."""
     def last_pull_committed(self) -> int | None:
         """Of the last blocking pull that named a session (any thread): the minimum committed
         step of the shards it touched (-1: none has one); None before one or when it touched
@@ -421,6 +426,8 @@ class Client:
         session: int | None = None,
         row_steps: bool = False,
         row_states: bool = False,
+        after_step: int | None = None,
+        wait_timeout: float | None = None,
     ) -> TablesHandle:
         """Like pull_tables, at once.
 
@@ -430,6 +437,8 @@ class Client:
                 row_states() give each table's per-row steps and optimizer states (float32
                 [n], or [n, dim] for Adagrad tables: the client asks the shards' Health for
                 the tables' optimizers once, unless create_tables told it).
+            after_step, wait_timeout: as pull_async's (every shard answers once that step
+                of ``session`` is committed on it).
 
         Returns:
             A TablesHandle; its wait() returns what pull_tables does."""

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from cpu_dist.sparse.aggregation import Aggregation, Outgoing, TableOutgoing
 
 # A step's sparse gradients per table: {table: (sorted unique keys, float32 grads [u, dim])}.
 TableGrads = Mapping[str, tuple[np.ndarray, np.ndarray]]
+_Rows = TypeVar("_Rows")
 
 
 class WaitClock:
@@ -146,6 +147,11 @@ class CommitSession:
         self.waits.add(time.perf_counter() - t0)
         with self._lock:
             self._committed = max(self._committed, self.base + reached)
+
+    def applied(self, step: int) -> None:
+        """``step`` is known to be applied on every shard (a reply that proved it)."""
+        with self._lock:
+            self._committed = max(self._committed, step)
 
     def close(self) -> None:
         self.client.close_session(self.id, self.rank)
@@ -364,6 +370,21 @@ class SparseCommitter:
             self.session.wait_applied(step - 1 - k, refresh=record)
         if record:
             self.staleness_seen.append(max(0, step - 1 - self.committed))
+
+    def read_with_commit(self, step: int, pull: Callable[[], _Rows]) -> _Rows:
+        """A read of ``step`` whose rows come with commit step-1: ``pull`` blocks until every
+        shard applied it and returns the rows (a pull the shards parked until then,
+        ``reads.AfterCommit``), so the read needs no wait of its own.  The hand-off's
+        acknowledgements are collected first; the pull's wait counts as commit wait."""
+        assert self.handoff.staleness == 0, "a read after commit step-1 is the pipelined rule"
+        self.drain()
+        self.handoff.collect(step - 1)
+        t0 = time.perf_counter()
+        rows = pull()
+        self.session.waits.add(time.perf_counter() - t0)
+        self.session.applied(step - 1)
+        self.staleness_seen.append(0)
+        return rows
 
     def staler_read(self, step: int, held: int) -> None:
         """The read of ``step`` that :meth:`wait_for_read` just recorded used rows that hold

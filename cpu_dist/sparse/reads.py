@@ -4,7 +4,8 @@
    be pulled as soon as step t+1's keys are known (:func:`written_by`, :class:`EarlyPull`,
    every table of the step in one request).
 2. A row whose last writer is step s may be read once commit s is applied
-   (:func:`pull_when_applied`: the commit-dependency wait).
+   (:func:`pull_when_applied`: the commit-dependency wait; or in one round trip, started
+   before the commit, a pull the shards park until it is applied: :class:`AfterCommit`).
 
 The early pulls (``cpu_dist/train/pipelines``) and the cache stage's demand reads and staging
 all go through these.
@@ -17,6 +18,7 @@ several tables ``Client.pull_tables`` (one request per shard per max-keys for al
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -45,11 +47,22 @@ def pull_when_applied(
     return client.pull(keys)
 
 
+@dataclass(frozen=True)
+class AfterCommit:
+    """A pull that each shard answers once step ``step`` of commit session ``session`` (the
+    shards' count) is applied on it, waiting at most ``timeout_s`` (``PullCommitted``)."""
+
+    session: int
+    step: int
+    timeout_s: float
+
+
 class EarlyPull:
     """Step t+1's rows (``unique``: sorted keys per table) on their way: those step t did not
     write (``written``: its rows per table; a table missing or None: unknown, so all count as
     written) are pulled now in one request, in the background (the client releases the GIL);
-    the rest once commit t is applied (:meth:`finish`)."""
+    the rest once commit t is applied (:meth:`finish`), or, with ``after_commit``, in a pull
+    started now too that the shards answer once commit t is applied (:meth:`wait_late`)."""
 
     def __init__(
         self,
@@ -61,16 +74,23 @@ class EarlyPull:
         *,
         session: int | None = None,
         earlier: Sequence[Mapping[str, np.ndarray]] = (),
+        after_commit: AfterCommit | None = None,
     ) -> None:
         """``session``: name the commit session, so that the reply says which commits its
         shards hold (:meth:`TablesPull.committed_step`).  ``earlier``: the rows (per table) of
-        steps before t whose commits may not be applied yet either: they count as written."""
+        steps before t whose commits may not be applied yet either: they count as written.
+        ``after_commit``: commit t (the shards' step), for which the rows step t wrote are
+        pulled now as well, parked on every shard until it is applied there."""
         self.reads, self.step, self.unique, self.dims = reads, step, dict(unique), dims
         self.dependent = {n: written_by(u, written.get(n)) for n, u in self.unique.items()}
         for rows in earlier:
             for n, u in self.unique.items():
                 self.dependent[n] |= written_by(u, rows[n])
         self.early = reads.pull_async(self.part(written=False), session=session)
+        self.after_commit = after_commit
+        self.late: TablesPull | None = None
+        if after_commit is not None:
+            self.late = reads.pull_async(self.part(written=True), after_commit=after_commit)
 
     def part(self, written: bool) -> dict[str, np.ndarray]:
         """Per table, the keys step t wrote (``written``) or those it did not."""
@@ -103,9 +123,24 @@ class EarlyPull:
             rows = {n: np.empty((0, self.dims[n]), np.float32) for n in late}
         return self.combine(rows, self.early.wait(timeout_s))
 
+    def wait_late(self, timeout_s: float) -> dict[str, np.ndarray]:
+        """The rows step t wrote, once every shard applied commit t (``after_commit``); the
+        reply's committed step proves it, else :class:`RuntimeError`."""
+        assert self.late is not None and self.after_commit is not None, "no after_commit"
+        rows = self.late.wait(self.after_commit.timeout_s + timeout_s)
+        seen = self.late.committed_step()
+        if seen is None or seen < self.after_commit.step:  # (every shard answers: never)
+            raise RuntimeError(
+                f"a pull after commit step {self.after_commit.step} of session "
+                f"{self.after_commit.session} came back with committed step {seen}"
+            )
+        return rows
+
     def discard(self, timeout_s: float) -> None:
-        """Let the early pull end without using it (its step never ran)."""
+        """Let the early pulls end without using them (their step never ran)."""
         self.early.wait(timeout_s)
+        if self.late is not None and self.after_commit is not None:
+            self.late.wait(self.after_commit.timeout_s + timeout_s)
 
 
 class TablesPull(Protocol):
@@ -158,18 +193,35 @@ class TableReads:
         session: int | None = None,
         row_steps: bool = False,
         row_states: bool = False,
+        after_commit: AfterCommit | None = None,
     ) -> TablesPull:
-        """Rows of ``parts`` (every table named, or only those with keys)."""
+        """Rows of ``parts`` (every table named, or only those with keys); with
+        ``after_commit`` (it names the session) once that commit is applied."""
+        after_step: int | None = None
+        wait_timeout: float | None = None
+        if after_commit is not None:
+            session = after_commit.session
+            after_step, wait_timeout = after_commit.step, after_commit.timeout_s
         if self.one_table:
             (name,) = self.names
             keys = parts.get(name, np.zeros(0, dtype=np.int64))
             handle = self.client.pull_async(
-                keys, session=session, row_steps=row_steps, row_states=row_states
+                keys,
+                session=session,
+                row_steps=row_steps,
+                row_states=row_states,
+                after_step=after_step,
+                wait_timeout=wait_timeout,
             )
             return _OnePull(name, handle)
         request: dict[str, npt.ArrayLike] = dict(parts)
         return self.client.pull_tables_async(
-            request, session=session, row_steps=row_steps, row_states=row_states
+            request,
+            session=session,
+            row_steps=row_steps,
+            row_states=row_states,
+            after_step=after_step,
+            wait_timeout=wait_timeout,
         )
 
     def pull(self, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -83,14 +83,15 @@ class UnaryCall final : public Reactor {
   grpc::ByteBuffer req_, resp_;
 };
 
-// WaitCommitted, a long poll: parked in CommitSessions' waiter list, finished by a commit,
-// by the sweeper at its deadline, or when the client cancels.  Referenced by OnReadDone and
-// by gRPC (until OnDone), so it outlives whichever ends last.
+// A long poll: WaitCommitted, or PullCommitted (a pull parked until a commit).  Parked in
+// CommitSessions' waiter list, finished by a commit, by the sweeper at its deadline, or when
+// the client cancels.  Referenced by OnReadDone and by gRPC (until OnDone), so it outlives
+// whichever ends last.
 class WaitCall final : public Reactor {
  public:
   WaitCall(PsService& service, const grpc::GenericCallbackServerContext& ctx,
-           BlockingWorker& worker)
-      : service_(service), ctx_(ctx), worker_(worker) {
+           BlockingWorker& worker, Method method)
+      : service_(service), ctx_(ctx), worker_(worker), method_(method) {
     StartRead(&req_);
   }
   // Starting the wait reads the session's state under its mutex, which a step being applied
@@ -112,8 +113,12 @@ class WaitCall final : public Reactor {
       finish(Status(StatusCode::INVALID_ARGUMENT, "no request message"));
     } else {
       uint64_t id = 0;
-      Status st = service_.start_wait(
-          req_, deadline(), [this](int64_t c, const Status& s) { answer(c, s); }, &id);
+      Status st =
+          method_ == Method::kPullCommitted
+              ? service_.start_pull_committed(
+                    req_, deadline(), &resp_, [this](const Status& s) { finish(s); }, &id)
+              : service_.start_wait(
+                    req_, deadline(), [this](int64_t c, const Status& s) { answer(c, s); }, &id);
       if (!st.ok()) {
         finish(std::move(st));
       } else if (id != 0) {
@@ -158,6 +163,7 @@ class WaitCall final : public Reactor {
   PsService& service_;
   const grpc::GenericCallbackServerContext& ctx_;
   BlockingWorker& worker_;
+  const Method method_;
   grpc::ByteBuffer req_, resp_;
   std::atomic<uint64_t> id_{0};
   std::atomic<bool> cancelled_{false};
@@ -178,7 +184,8 @@ Reactor* PsCallService::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
     service_.count(&none, &none, st);
     return new Refusal(std::move(st));
   }
-  if (*method == Method::kWaitCommitted) return new WaitCall(service_, *ctx, updates_);
+  if (*method == Method::kWaitCommitted || *method == Method::kPullCommitted)
+    return new WaitCall(service_, *ctx, updates_, *method);
   const bool tries_here = *method == Method::kPush || *method == Method::kCommit;
   return new UnaryCall(service_, *method, worker_for(*method), tries_here ? &updates_ : nullptr);
 }
@@ -196,7 +203,8 @@ BlockingWorker* PsCallService::worker_for(Method m) {
     case Method::kAbortSessions:
     case Method::kDump:
     case Method::kCreateTables:  // the tables' lock; an SSD tier opens a database
-    case Method::kWaitCommitted: return &updates_;
+    case Method::kWaitCommitted:
+    case Method::kPullCommitted: return &updates_;
     // Stripe locks for a moment at most (a pull never waits on the update lock).
     case Method::kPull:
     case Method::kStats:

@@ -87,8 +87,8 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
   };
   wire::SliceReader r(reply);
   uint64_t len = 0;
-  if (!r.read_bytes_header(PullResponse::kValuesFieldNumber, &len) || len != part.n * row_bytes ||
-      r.remaining() < len)
+  if (!r.read_bytes_header_or_empty(PullResponse::kValuesFieldNumber, &len) ||
+      len != part.n * row_bytes || r.remaining() < len)
     return malformed("");
   size_t bad = 0;
   CodecError err;
@@ -100,7 +100,7 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
       return malformed(" and a committed_step (the pull named a session)");
     seen->note(committed);
     if (seen->wants_steps()) {
-      if (!r.read_bytes_header(PullResponse::kRowStepsFieldNumber, &len) || len != part.n)
+      if (!r.read_bytes_header_or_empty(PullResponse::kRowStepsFieldNumber, &len) || len != part.n)
         return malformed(absl::StrCat(" and ", part.n, " row_steps"));
       std::vector<uint8_t> beyond(part.n);
       if (!r.read(beyond.data(), part.n)) return malformed(" and row_steps (cut short)");
@@ -109,7 +109,7 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
     }
     if (seen->wants_states()) {  // state_width floats a row (Adagrad: dim)
       const size_t w = seen->state_width();
-      if (!r.read_bytes_header(PullResponse::kRowStatesFieldNumber, &len) ||
+      if (!r.read_bytes_header_or_empty(PullResponse::kRowStatesFieldNumber, &len) ||
           len != part.n * w * sizeof(float))
         return malformed(absl::StrCat(" and ", part.n * w, " row_states floats"));
       for (size_t j = 0; j < part.n; ++j)
@@ -274,7 +274,8 @@ void PsClient::run(Calls& calls, double timeout_s) {
 
 std::shared_ptr<AsyncOp> PsClient::run_async(Calls calls, std::function<void()> on_success,
                                              std::vector<RowBuffer> outputs,
-                                             std::vector<std::shared_ptr<const PullReport>> seen) {
+                                             std::vector<std::shared_ptr<const PullReport>> seen,
+                                             std::optional<double> timeout_s) {
   auto op = std::make_shared<AsyncOp>(
       std::move(calls), [this](const Call& c) { return describe(c); }, std::move(on_success),
       std::move(outputs), std::move(seen));
@@ -284,7 +285,7 @@ std::shared_ptr<AsyncOp> PsClient::run_async(Calls calls, std::function<void()> 
     if (op->calls().empty()) return op;
     pending_.emplace(op.get(), op);
   }
-  const auto deadline = deadline_in(opts_.timeout_s);
+  const auto deadline = deadline_in(timeout_s.value_or(opts_.timeout_s));
   for (auto& c : op->calls()) start_call(*c, &async_cq_, deadline);
   return op;
 }
@@ -311,6 +312,17 @@ void PsClient::async_loop() {
 
 // ---- pull -----------------------------------------------------------------------------------
 
+PsClient::PullRoute PsClient::route_pull(const PullOptions& po) const {
+  if (!po.after_step) return {kPull, SplitRule::kSpreadOverChannels, opts_.timeout_s};
+  if (!po.session) throw std::invalid_argument("a pull after a commit step needs a session");
+  if (*po.after_step < 0)
+    throw std::invalid_argument("a pull's after_step must be >= 0, got " +
+                                std::to_string(*po.after_step));
+  if (!(po.wait_timeout_s > 0))
+    throw std::invalid_argument("a pull after a commit step needs a wait timeout > 0");
+  return {kPullCommitted, SplitRule::kChunkEveryShard, po.wait_timeout_s};
+}
+
 PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out,
                                        const PullOptions& po) {
   check_count(n);
@@ -318,13 +330,15 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   const Encoding enc = po.compression.value_or(opts_.compression);
   // Shared with the calls' decoders (and finish), which may outlive this frame (pull_async).
   auto firsts = std::make_shared<const FirstOccurrences>(keys, n);
-  auto split = std::make_shared<const ShardSplit>(
-      keys, n, firsts->select(), limits(), SplitRule::kSpreadOverChannels, next_channel_base());
+  const PullRoute route = route_pull(po);
+  auto split = std::make_shared<const ShardSplit>(keys, n, firsts->select(), limits(), route.rule,
+                                                  next_channel_base());
   PullRequest head;
   head.set_table(opts_.table);
   head.set_dim(dim);
   head.set_compression(to_proto(enc));
   if (po.session) head.set_session(*po.session);
+  if (po.after_step) head.set_after_step(*po.after_step);
   PartPayload payload;
   payload.keys = keys;
   payload.keys_field = PullRequest::kKeysFieldNumber;
@@ -337,7 +351,7 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   head.set_row_steps(po.row_steps);
   head.set_row_states(po.row_states);
   for (const Part& p : split->parts()) {
-    Call& c = add_part_call(plan.calls, p, kPull, TrafficKind::kPull, enc);
+    Call& c = add_part_call(plan.calls, p, route.method, TrafficKind::kPull, enc);
     c.idempotent = true;
     // the per-row fields cross the wire too: one byte per row_step, a float per row_state
     c.traffic_bytes += p.n * ((po.row_steps ? 1 : 0) + (po.row_states ? width * sizeof(float) : 0));
@@ -360,7 +374,7 @@ void PsClient::pull(const int64_t* keys, size_t n, float* out, const PullOptions
   PullPlan plan = plan_pull(keys, n, out, po);
   // On the caller's thread, not the shared completion thread: concurrent callers decode
   // their (large) replies in parallel.
-  if (!plan.calls.empty()) run(plan.calls, opts_.timeout_s);
+  if (!plan.calls.empty()) run(plan.calls, route_pull(po).timeout_s);
   if (plan.finish) plan.finish();
   if (plan.seen) {
     std::lock_guard<std::mutex> lock(last_pull_mu_);
@@ -386,7 +400,7 @@ std::shared_ptr<AsyncOp> PsClient::pull_async(const int64_t* keys, size_t n,
   std::vector<RowBuffer> outputs;
   outputs.push_back(std::move(rows));
   return run_async(std::move(plan.calls), std::move(plan.finish), std::move(outputs),
-                   {std::move(plan.seen)});
+                   {std::move(plan.seen)}, route_pull(po).timeout_s);
 }
 
 // ---- push / commit --------------------------------------------------------------------------

@@ -80,6 +80,11 @@ struct PullOptions {
   // commit (PullReport::steps), and its optimizer state (PullReport::states).
   bool row_steps = false;
   bool row_states = false;
+  // With session: PullCommitted, every shard (one without keys too) answering once step
+  // `after_step` of the session is committed on it, so that its reply's committed step says
+  // so; the calls then wait up to wait_timeout_s (> 0) instead of the client's timeout_s.
+  std::optional<int64_t> after_step;
+  double wait_timeout_s = 0.0;
 };
 
 // Gradient rows of a push or commit: keys[n], grads[n][dim].  Read before the call returns.
@@ -279,14 +284,24 @@ class PsClient {
   void throw_first_failure(const Calls& calls) const;  // RpcError, if any call failed
   void run(Calls& calls, double timeout_s);            // run_calls, then throw_first_failure
   // Starts calls on the shared completion thread; the op tracks them.
+  // `timeout_s`: the calls' deadline (nullopt: the client's timeout_s).
   std::shared_ptr<AsyncOp> run_async(Calls calls, std::function<void()> on_success = {},
                                      std::vector<RowBuffer> outputs = {},
-                                     std::vector<std::shared_ptr<const PullReport>> seen = {});
+                                     std::vector<std::shared_ptr<const PullReport>> seen = {},
+                                     std::optional<double> timeout_s = std::nullopt);
   void async_loop();
   RpcError describe(const Call& c) const;  // "shard I (ADDR): CODE: message" and its fields
   SplitLimits limits() const;
   uint32_t next_channel_base() { return rr_.fetch_add(1, std::memory_order_relaxed); }
   PullPlan plan_pull(const int64_t* keys, size_t n, float* out, const PullOptions& po);
+  // A pull's method, split rule and deadline: Pull, or PullCommitted (checked: it needs a
+  // session and a wait timeout) reaching every shard.
+  struct PullRoute {
+    const char* method;
+    SplitRule rule;
+    double timeout_s;
+  };
+  PullRoute route_pull(const PullOptions& po) const;
 
   // ---- administration (client_admin.cc) ----
   // One typed call per shard, make_request(s) being shard s's request; the replies in shard

@@ -23,6 +23,7 @@
 namespace cpu_dist::ps::client_calls {
 
 inline constexpr const char* kPull = "/cpu_dist.ps.ParameterServer/Pull";
+inline constexpr const char* kPullCommitted = "/cpu_dist.ps.ParameterServer/PullCommitted";
 inline constexpr const char* kPush = "/cpu_dist.ps.ParameterServer/Push";
 inline constexpr const char* kCommit = "/cpu_dist.ps.ParameterServer/Commit";
 

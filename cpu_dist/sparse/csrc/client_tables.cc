@@ -58,8 +58,8 @@ grpc::Status decode_tables_reply(const grpc::ByteBuffer& reply, const MultiPart&
   }
   wire::SliceReader r(reply);
   uint64_t len = 0;
-  if (!r.read_bytes_header(PullResponse::kValuesFieldNumber, &len) || len != values_bytes ||
-      r.remaining() < len)
+  if (!r.read_bytes_header_or_empty(PullResponse::kValuesFieldNumber, &len) ||
+      len != values_bytes || r.remaining() < len)
     return malformed("");
   for (const Segment& sg : part.segments) {
     const uint32_t dim = st.dims[sg.table];
@@ -74,9 +74,11 @@ grpc::Status decode_tables_reply(const grpc::ByteBuffer& reply, const MultiPart&
     if (!r.read_int64_field(PullResponse::kCommittedStepFieldNumber, &committed))
       return malformed(" and a committed_step (the pull named a session)");
     for (const Segment& sg : part.segments) st.seen[sg.table]->note(committed);
+    if (part.segments.empty())  // a shard without keys (PullCommitted): it speaks for all
+      for (const auto& report : st.seen) report->note(committed);
     const PullReport& any = *st.seen.front();
     if (any.wants_steps()) {
-      if (!r.read_bytes_header(PullResponse::kRowStepsFieldNumber, &len) || len != part.n)
+      if (!r.read_bytes_header_or_empty(PullResponse::kRowStepsFieldNumber, &len) || len != part.n)
         return malformed(absl::StrCat(" and ", part.n, " row_steps"));
       std::vector<uint8_t> beyond(part.n);
       if (!r.read(beyond.data(), part.n)) return malformed(" and row_steps (cut short)");
@@ -88,7 +90,7 @@ grpc::Status decode_tables_reply(const grpc::ByteBuffer& reply, const MultiPart&
       }
     }
     if (any.wants_states()) {
-      if (!r.read_bytes_header(PullResponse::kRowStatesFieldNumber, &len) ||
+      if (!r.read_bytes_header_or_empty(PullResponse::kRowStatesFieldNumber, &len) ||
           len != states_floats * sizeof(float))
         return malformed(absl::StrCat(" and ", states_floats, " row_states floats"));
       for (const Segment& sg : part.segments) {
@@ -200,18 +202,19 @@ std::shared_ptr<AsyncOp> PsClient::pull_tables_async(const std::vector<TableKeys
     names.push_back(t.name);
     table_of.push_back(p.table);
   }
-  st->split = std::make_unique<MultiSplit>(split_in, limits(), SplitRule::kSpreadOverChannels,
-                                           next_channel_base());
+  const PullRoute route = route_pull(po);
+  st->split = std::make_unique<MultiSplit>(split_in, limits(), route.rule, next_channel_base());
   PullRequest head;
   head.set_compression(to_proto(enc));
   if (po.session) head.set_session(*po.session);
+  if (po.after_step) head.set_after_step(*po.after_step);
   head.set_row_steps(po.row_steps);
   head.set_row_states(po.row_states);
   std::vector<TablePayload> payloads;
   for (const TableKeysIn& p : parts) payloads.push_back(TablePayload{p.keys, nullptr, 0});
   Calls calls;
   for (const MultiPart& p : st->split->parts()) {
-    Call& c = add_call(calls, p.shard, p.channel, kPull);
+    Call& c = add_call(calls, p.shard, p.channel, route.method);
     c.idempotent = true;
     c.traffic = TrafficKind::kPull;
     c.traffic_keys = p.n;
@@ -220,7 +223,7 @@ std::shared_ptr<AsyncOp> PsClient::pull_tables_async(const std::vector<TableKeys
       c.traffic_bytes +=
           sg.n * (sizeof(int64_t) + encoded_row_bytes(enc, st->dims[sg.table]) +
                   (po.row_steps ? 1 : 0) + (po.row_states ? st->widths[sg.table] * 4 : 0));
-    set_parts(&head, p, opts_.tables, table_of, {}, false);
+    set_parts(&head, p, opts_.tables, table_of, {}, po.after_step.has_value());
     (void)MultiSplit::serialize(p, head, payloads, PullRequest::kKeysFieldNumber, 0, enc,
                                 &c.request);  // keys only: cannot fail
     c.on_reply = [st, &p, names, enc](Call& call) {
@@ -238,7 +241,8 @@ std::shared_ptr<AsyncOp> PsClient::pull_tables_async(const std::vector<TableKeys
       if (r && r->wants_states()) f.copy_duplicates(r->states(), r->state_width());
     }
   };
-  return run_async(std::move(calls), std::move(finish), std::move(outputs), std::move(seen));
+  return run_async(std::move(calls), std::move(finish), std::move(outputs), std::move(seen),
+                   route.timeout_s);
 }
 
 // ---- push / commit --------------------------------------------------------------------------

@@ -39,6 +39,7 @@ std::optional<Method> method_of(const std::string& path) {
       {"Push", Method::kPush},
       {"Commit", Method::kCommit},
       {"WaitCommitted", Method::kWaitCommitted},
+      {"PullCommitted", Method::kPullCommitted},
       {"CloseSession", Method::kCloseSession},
       {"AbortSessions", Method::kAbortSessions},
       {"Stats", Method::kStats},
@@ -118,13 +119,10 @@ Status PsService::call(const BB& req, BB* resp, Status (PsService::*body)(Req&, 
   return (this->*body)(r, resp);
 }
 
-Status PsService::run(Method m, const BB& req, BB* resp, bool* deferred) {
-  // What a method throws past its own checks (the SSD tier failing, memory) answers the call.
+template <class F>
+Status PsService::guarded(F&& f) {
   try {
-    return dispatch(m, req, resp, deferred == nullptr);
-  } catch (const WouldBlock&) {
-    *deferred = true;  // thrown only when not waiting, that is with `deferred`
-    return Status::OK;
+    return f();
   } catch (const TierError& e) {
     return Status(e.no_space() ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::INTERNAL, e.what());
   } catch (const TableFull& e) {
@@ -134,6 +132,17 @@ Status PsService::run(Method m, const BB& req, BB* resp, bool* deferred) {
   } catch (const std::exception& e) {
     return Status(StatusCode::INTERNAL, e.what());
   }
+}
+
+Status PsService::run(Method m, const BB& req, BB* resp, bool* deferred) {
+  return guarded([&] {
+    try {
+      return dispatch(m, req, resp, deferred == nullptr);
+    } catch (const WouldBlock&) {
+      *deferred = true;  // thrown only when not waiting, that is with `deferred`
+      return Status::OK;
+    }
+  });
 }
 
 Status PsService::dispatch(Method m, const BB& req, BB* resp, bool wait) {
@@ -158,9 +167,10 @@ Status PsService::dispatch(Method m, const BB& req, BB* resp, bool wait) {
     case Method::kSave: return call(req, resp, &PsService::do_save);
     case Method::kLoad: return call(req, resp, &PsService::do_load);
     case Method::kCreateTables: return call(req, resp, &PsService::do_create_tables);
-    case Method::kWaitCommitted: break;
+    case Method::kWaitCommitted:
+    case Method::kPullCommitted: break;
   }
-  return Status(StatusCode::INTERNAL, "WaitCommitted is not a unary method here");
+  return Status(StatusCode::INTERNAL, "WaitCommitted and PullCommitted are long polls, not unary");
 }
 
 void PsService::count(const BB* req, const BB* resp, const Status& status) {
@@ -182,16 +192,51 @@ Status PsService::start_wait(const BB& req, Clock::time_point deadline,
 
 // ---- methods --------------------------------------------------------------------------
 
-Status PsService::do_pull(PullRequest& r, BB* resp) {
+Status PsService::start_pull_committed(const BB& req, Clock::time_point deadline, BB* resp,
+                                       std::function<void(const Status&)> done, uint64_t* waiter) {
+  auto r = std::make_shared<PullRequest>();
+  PS_RETURN_IF_ERROR(admit(req, r.get()));
+  if (!r->has_session() || !r->has_after_step() || r->after_step() < 0)
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  "PullCommitted: needs a session and an after_step >= 0 (the session step "
+                  "whose commit the rows wait for)");
   size_t n = 0;
-  PS_RETURN_IF_ERROR(check_keys(r.keys(), &n));
   std::vector<Part> parts;
-  PS_RETURN_IF_ERROR(resolve_parts(r.table(), r.dim(), r.parts(), n, false, 0.0f, 0, &parts));
   Encoding enc;
-  PS_RETURN_IF_ERROR(check_encoding(r.compression(), &enc));
+  PS_RETURN_IF_ERROR(check_pull(*r, &n, &parts, &enc));  // refused now, not at the commit
+  const uint64_t session = r->session();
+  const int64_t step = r->after_step();
+  *waiter = sessions_.wait(
+      session, step, deadline,
+      [this, r, resp, session, step, done = std::move(done)](int64_t committed, const Status& st) {
+        if (!st.ok()) return done(st);  // the session ended or failed: no such commit
+        if (committed < step)
+          return done(Status(StatusCode::DEADLINE_EXCEEDED,
+                             absl::StrCat("PullCommitted: step ", step, " of session ", session,
+                                          " not committed on this shard by the call's "
+                                          "deadline (committed: ",
+                                          committed, ")")));
+        done(guarded([&] { return do_pull(*r, resp); }));
+      });
+  return Status::OK;
+}
+
+Status PsService::check_pull(const PullRequest& r, size_t* n, std::vector<Part>* parts,
+                             Encoding* enc) const {
+  PS_RETURN_IF_ERROR(check_keys(r.keys(), n));
+  PS_RETURN_IF_ERROR(resolve_parts(r.table(), r.dim(), r.parts(), *n, false, 0.0f, 0, parts));
+  PS_RETURN_IF_ERROR(check_encoding(r.compression(), enc));
   if (r.row_steps() && !r.has_session())
     return Status(StatusCode::INVALID_ARGUMENT,
                   "Pull: row_steps needs a session (the steps are that session's)");
+  return Status::OK;
+}
+
+Status PsService::do_pull(PullRequest& r, BB* resp) {
+  size_t n = 0;
+  std::vector<Part> parts;
+  Encoding enc;
+  PS_RETURN_IF_ERROR(check_pull(r, &n, &parts, &enc));
   counters_.pull_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.pull_keys.fetch_add(n, std::memory_order_relaxed);
   // Read before the rows are gathered: they hold at least every step up to it.

@@ -79,6 +79,7 @@ enum class Method {
   kPush,
   kCommit,
   kWaitCommitted,
+  kPullCommitted,
   kCloseSession,
   kAbortSessions,
   kStats,
@@ -120,11 +121,21 @@ class PsService {
   // a non-OK status (and does not call `done`) when the request is refused.
   grpc::Status start_wait(const BB& req, Clock::time_point deadline,
                           CommitSessions::WaitCallback done, uint64_t* waiter);
+  // PullCommitted: parses and checks the pull (refused at once, `done` not called, when it
+  // names no session or after_step, or as Pull refuses it), then parks it as start_wait
+  // does.  `done` gets the call's status once the step commits (the rows then gathered into
+  // *resp on the thread that committed it), the session fails, or at `deadline`.
+  grpc::Status start_pull_committed(const BB& req, Clock::time_point deadline, BB* resp,
+                                    std::function<void(const grpc::Status&)> done,
+                                    uint64_t* waiter);
   // Counts a finished call: bytes in (and out when OK), errors.
   void count(const BB* req, const BB* resp, const grpc::Status& status);
 
  private:
   grpc::Status dispatch(Method m, const BB& req, BB* resp, bool wait);  // run() less its catch
+  // f()'s status, or what it threw past its own checks (the SSD tier failing, memory) as one.
+  template <class F>
+  static grpc::Status guarded(F&& f);
   // The bodies, each run after the shared preamble (parse, table, dim).
   grpc::Status do_pull(PullRequest& r, BB* resp);
   grpc::Status do_push(PushRequest& r, BB* resp, bool wait);
@@ -169,6 +180,9 @@ class PsService {
   grpc::Status resolve_parts(const std::string& table, uint32_t dim,
                              const google::protobuf::RepeatedPtrField<TablePart>& parts, size_t n,
                              bool update, float lr, int optimizer, std::vector<Part>* out) const;
+  // What a pull asks, checked: its key count, its parts, the reply's encoding.
+  grpc::Status check_pull(const PullRequest& r, size_t* n, std::vector<Part>* parts,
+                          Encoding* enc) const;
   // The table named `name` (NOT_FOUND naming it and the shard's tables).
   grpc::Status find_table(const std::string& name, ShardTable** out) const;
   // The optimizer an update of `t` runs: the spec's (a request naming another is refused), or

@@ -179,6 +179,12 @@ class SliceReader {
     }
     return p;
   }
+  // Whether the next byte (if any) is `byte`; nothing read.
+  bool next_byte_is(uint8_t byte) const {
+    for (size_t i = idx_, off = off_; i < slices_.size(); ++i, off = 0)
+      if (off < slices_[i].size()) return slices_[i].begin()[off] == byte;
+    return false;
+  }
   bool read_varint(uint64_t* v) {
     *v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -193,6 +199,15 @@ class SliceReader {
   bool read_bytes_header(int field, uint64_t* len) {
     uint64_t tag = 0;
     return read_varint(&tag) && tag == bytes_tag(field) && read_varint(len);
+  }
+  // The header of a length-delimited field that protobuf leaves out when it is empty: *len
+  // 0, nothing read, when the next field is another (`field` < 16: a one-byte tag).
+  bool read_bytes_header_or_empty(int field, uint64_t* len) {
+    if (!next_byte_is(static_cast<uint8_t>(bytes_tag(field)))) {
+      *len = 0;
+      return true;
+    }
+    return read_bytes_header(field, len);
   }
   // An int64 varint field `field`; false if the next bytes are not one.
   bool read_int64_field(int field, int64_t* v) {

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -71,3 +73,11 @@ def pb(tmp_path_factory):
 
 def rng_grads(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return rng.standard_normal((n, dim)).astype(np.float32)
+
+
+def wait_until(predicate, timeout_s: float = 20.0, what: str = "") -> None:
+    """Polls ``predicate`` until it holds (a shard's state seen through its stats)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.01)  # a poll interval, not a synchronisation

@@ -87,6 +87,28 @@ def test_barrier_waits_for_its_commit_and_pipelined_does_not(shard, sync):
     up.finish(0)
 
 
+def test_a_read_with_its_commit_collects_the_hand_off_and_counts_the_wait(shard):
+    """read_with_commit: the pull that brings commit step-1 (parked on the shard) is the
+    read's only wait; afterwards the commit is known applied, so the next hand-off sends
+    without asking the shards."""
+    up = committer(shard, 15)
+    up.start_at(40)  # job step 40 is the session's step 0
+    keys = np.array([4, 5], dtype=np.int64)
+    before = shard.pull(keys)
+    up.submit(40, keys, np.ones((2, DIM), np.float32))
+    assert up.handoff.in_flight and up.committed == 39
+    rows = up.read_with_commit(
+        41,
+        lambda: shard.pull_async(
+            keys, session=15, after_step=up.session.session_step(40), wait_timeout=10.0
+        ).wait(20.0),
+    )
+    np.testing.assert_array_equal(rows, before - np.float32(0.5))
+    assert up.committed == 40 and not up.handoff.in_flight
+    assert up.metrics()["commit_wait_s"] > 0.0
+    up.finish(40)
+
+
 def test_a_resumed_session_counts_job_steps_from_its_first(shard):
     up = committer(shard, 14)
     up.start_at(100)

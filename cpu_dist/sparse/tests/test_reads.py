@@ -9,7 +9,13 @@ import pytest
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.sorted_keys import find_sorted
 from cpu_dist.sparse import Client, Server, _ps_client
-from cpu_dist.sparse.reads import EarlyPull, TableReads, pull_when_applied, written_by
+from cpu_dist.sparse.reads import (
+    AfterCommit,
+    EarlyPull,
+    TableReads,
+    pull_when_applied,
+    written_by,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,6 +51,35 @@ def test_early_pull_reads_written_rows_after_the_commit(client):
     rows = early.finish(commits, 10)
     assert commits.waited == [7]
     np.testing.assert_array_equal(rows[TABLE], client.pull(unique))
+
+
+def test_written_rows_pulled_after_the_commit_come_when_every_shard_applied_it():
+    """With after_commit the written rows are pulled at once too, parked on both shards until
+    the commit's last chunk arrives: they hold it, and the reply proves it."""
+    servers = [Server(4, "t", init_scale=0.1, shard_index=i, num_shards=2) for i in range(2)]
+    for s in servers:
+        s.start()
+    try:
+        ranks = [Client([s.address for s in servers], "t", 4) for _ in range(2)]
+        written = np.array([3, 5, 9], dtype=np.int64)
+        unique = np.array([1, 3, 4, 9, 12], dtype=np.int64)
+        grads = np.ones((3, 4), np.float32)
+        ranks[0].commit(6, 0, 0, 2, written, grads, 0.5)
+        reads = TableReads(ranks[0], [TABLE], one_table=True)
+        after = AfterCommit(session=6, step=0, timeout_s=20.0)
+        early = EarlyPull(
+            reads, 1, {TABLE: unique}, {TABLE: written}, {TABLE: 4}, after_commit=after
+        )
+        before = ranks[1].pull(unique)
+        ranks[1].commit(6, 0, 1, 2, written, grads, 0.5)  # commit 0 complete: applied
+        late = early.wait_late(10)
+        rows = early.combine(late, early.early.wait(10))
+        np.testing.assert_array_equal(rows[TABLE], ranks[1].pull(unique))
+        changed = ~np.all(rows[TABLE] == before, axis=1)
+        np.testing.assert_array_equal(changed, np.isin(unique, written))
+    finally:
+        for s in servers:
+            s.stop(2)
 
 
 def test_rows_of_earlier_steps_count_as_written_too(client):

@@ -3,25 +3,17 @@ that takes the shards over aborts every open session before it loads a checkpoin
 on the shard's own state (Stats polled with a deadline), never on a sleep."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from cpu_dist.sparse import Client, PSError, Server
 
-from .conftest import TOKEN
+from .conftest import TOKEN, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 DIM = 4
 K, G = np.arange(3, dtype=np.int64), np.ones((3, DIM), np.float32)
-
-
-def wait_until(predicate, timeout_s: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.01)  # a poll interval, not a synchronisation
 
 
 class Waiter:

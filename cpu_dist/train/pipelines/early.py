@@ -2,7 +2,8 @@
 
 ``EarlyPullPipeline``     pipelined commits under ps aggregation, without expiry: the next
                           step's rows that this step did not write are pulled during the dense
-                          phase, the rest after the commit, each in one request for all tables.
+                          phase, the rest in a pull started then too that the shards answer
+                          once the commit is applied, each in one request for all tables.
 ``AsyncPrefetchPipeline`` ``--sparse-sync async`` with K >= 1: the same early pull names the
                           commit session, so the shards' reply says whether its rows hold
                           every commit the staleness bound needs; the read waits only for
@@ -15,7 +16,7 @@ from collections.abc import Collection, Mapping
 
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.sparse.commits import SparseCommitter
-from cpu_dist.sparse.reads import EarlyPull, TableReads
+from cpu_dist.sparse.reads import AfterCommit, EarlyPull, TableReads
 from cpu_dist.train.pipelines.base import DirectPipeline, TableKeys, TableRows, tensors
 
 
@@ -50,21 +51,27 @@ class HintPipeline(DirectPipeline):
 
 
 class EarlyPullPipeline(HintPipeline):
-    """As soon as step t+1's keys are known, every table's rows that step t did not write
-    are pulled (its written rows per table come from the step's id exchange); at the read,
-    after commit t, the rows it wrote."""
+    """As soon as step t+1's keys are known (after step t's hand-off), every table's rows
+    that step t did not write are pulled (its written rows per table come from the step's id
+    exchange), and so are the rows it wrote, in a pull that every shard parks until it has
+    applied commit t: the read waits for that reply alone, with no wait for the commit and no
+    round trip after it."""
 
     def prefetch(self, step: int, unique: TableKeys) -> None:
-        self._early = EarlyPull(self.reads, step, unique, self.written, self.dims)
+        session = self.committer.session
+        after = AfterCommit(session.id, session.session_step(step - 1), session.barrier_timeout_s)
+        self._early = EarlyPull(
+            self.reads, step, unique, self.written, self.dims, after_commit=after
+        )
 
     def read(self, step: int, unique: TableKeys) -> TableRows:
         early = self._take(step, unique)
         if early is None:
             return super().read(step, unique)
-        with self.timer("commit_wait"):
-            self.committer.wait_for_read(step)  # commit step-1: the rows it wrote
+        with self.timer("commit_wait"):  # commit step-1, with the rows it wrote
+            late = self.committer.read_with_commit(step, lambda: early.wait_late(self.timeout_s))
         with self.timer("pull"):
-            return tensors(unique, early.finish(self.committer, self.timeout_s))
+            return tensors(unique, early.combine(late, early.early.wait(self.timeout_s)))
 
 
 class AsyncPrefetchPipeline(HintPipeline):

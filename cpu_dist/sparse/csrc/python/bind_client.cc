@@ -192,10 +192,11 @@ void def_data_ops(ClientClass& cls) {
       .def(
           "pull_async",
           [](PsClient& c, const py::handle& keys, const std::optional<std::string>& compression,
-             std::optional<uint64_t> session, bool row_steps, bool row_states) {
+             std::optional<uint64_t> session, bool row_steps, bool row_states,
+             std::optional<int64_t> after_step, std::optional<double> wait_timeout) {
             KeysArray k = as_keys(keys);
-            const ps::PullOptions po =
-                pull_options(compression, session, row_steps, row_states, "pull_async");
+            const ps::PullOptions po = pull_options(compression, session, row_steps, row_states,
+                                                    "pull_async", after_step, wait_timeout);
             std::shared_ptr<AsyncOp> op;
             {
               py::gil_scoped_release release;
@@ -205,10 +206,14 @@ void def_data_ops(ClientClass& cls) {
           },
           py::arg("keys"), py::kw_only(), py::arg("compression") = py::none(),
           py::arg("session") = py::none(), py::arg("row_steps") = false,
-          py::arg("row_states") = false,
+          py::arg("row_states") = false, py::arg("after_step") = py::none(),
+          py::arg("wait_timeout") = py::none(),
           "Like pull, at once: the Handle's wait() returns the rows (a new array), its "
           "committed_step() what the shards reported for `session`; with row_steps and "
-          "row_states (need `session`) its row_steps() and row_states() what each row holds.")
+          "row_states (need `session`) its row_steps() and row_states() what each row holds.  "
+          "With after_step (needs `session` and wait_timeout seconds): every shard answers "
+          "once that session step is committed on it, with the rows as they are then, so "
+          "committed_step() >= after_step (one round trip for a wait and a pull).")
       .def("last_pull_committed", &PsClient::last_pull_committed,
            "Of the last blocking pull that named a session: the minimum committed step of the "
            "shards it touched (-1: none of them has one); None before such a pull or when it "

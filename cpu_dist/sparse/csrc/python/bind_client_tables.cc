@@ -102,10 +102,12 @@ std::shared_ptr<AsyncOp> start_commit_tables(PsClient& c, uint64_t session, int6
 
 TablesHandle start_pull_tables(PsClient& c, const py::dict& parts,
                                const std::optional<std::string>& compression,
-                               std::optional<uint64_t> session, bool row_steps, bool row_states) {
+                               std::optional<uint64_t> session, bool row_steps, bool row_states,
+                               std::optional<int64_t> after_step,
+                               std::optional<double> wait_timeout) {
   TablesKeys k = as_tables_keys(c, parts, "pull_tables");
-  const ps::PullOptions po =
-      pull_options(compression, session, row_steps, row_states, "pull_tables");
+  const ps::PullOptions po = pull_options(compression, session, row_steps, row_states,
+                                          "pull_tables", after_step, wait_timeout);
   const std::vector<ps::TableKeysIn> ordered = c.in_table_order(k.parts);
   std::vector<TablesHandle::Table> tables;
   for (const ps::TableKeysIn& p : ordered) {
@@ -140,13 +142,16 @@ void def_tables_ops(ClientClass& cls) {
       .def("pull_tables_async", &start_pull_tables, py::arg("parts"), py::kw_only(),
            py::arg("compression") = py::none(), py::arg("session") = py::none(),
            py::arg("row_steps") = false, py::arg("row_states") = false,
+           py::arg("after_step") = py::none(), py::arg("wait_timeout") = py::none(),
            "Rows of several tables at once ({table: keys}): one RPC per shard per "
-           "max_keys_per_rpc keys whatever the number of tables.  Returns a TablesHandle.")
+           "max_keys_per_rpc keys whatever the number of tables.  Returns a TablesHandle.  "
+           "after_step and wait_timeout: as pull_async's.")
       .def(
           "pull_tables",
           [](PsClient& c, const py::dict& parts, const std::optional<std::string>& compression,
              std::optional<uint64_t> session) {
-            return start_pull_tables(c, parts, compression, session, false, false)
+            return start_pull_tables(c, parts, compression, session, false, false, std::nullopt,
+                                     std::nullopt)
                 .wait(std::nullopt);
           },
           py::arg("parts"), py::kw_only(), py::arg("compression") = py::none(),
