@@ -314,12 +314,12 @@ void PsClient::async_loop() {
 
 PsClient::PullRoute PsClient::route_pull(const PullOptions& po) const {
   if (!po.after_step) return {kPull, SplitRule::kSpreadOverChannels, opts_.timeout_s};
-  if (!po.session) throw std::invalid_argument("a pull after a commit step needs a session");
+  if (!po.session) throw std::invalid_argument("a pull's after_step needs a session");
   if (*po.after_step < 0)
     throw std::invalid_argument("a pull's after_step must be >= 0, got " +
                                 std::to_string(*po.after_step));
   if (!(po.wait_timeout_s > 0))
-    throw std::invalid_argument("a pull after a commit step needs a wait timeout > 0");
+    throw std::invalid_argument("a pull's after_step needs a wait_timeout > 0");
   return {kPullCommitted, SplitRule::kChunkEveryShard, po.wait_timeout_s};
 }
 
@@ -331,6 +331,8 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   // Shared with the calls' decoders (and finish), which may outlive this frame (pull_async).
   auto firsts = std::make_shared<const FirstOccurrences>(keys, n);
   const PullRoute route = route_pull(po);
+  PullPlan plan;
+  plan.timeout_s = route.timeout_s;
   auto split = std::make_shared<const ShardSplit>(keys, n, firsts->select(), limits(), route.rule,
                                                   next_channel_base());
   PullRequest head;
@@ -342,7 +344,6 @@ PsClient::PullPlan PsClient::plan_pull(const int64_t* keys, size_t n, float* out
   PartPayload payload;
   payload.keys = keys;
   payload.keys_field = PullRequest::kKeysFieldNumber;
-  PullPlan plan;
   if ((po.row_steps || po.row_states) && !po.session)
     throw std::invalid_argument("a pull's row_steps and row_states need a session");
   // An Adagrad table's rows carry dim state floats (the width asked of the shards once).
@@ -374,7 +375,7 @@ void PsClient::pull(const int64_t* keys, size_t n, float* out, const PullOptions
   PullPlan plan = plan_pull(keys, n, out, po);
   // On the caller's thread, not the shared completion thread: concurrent callers decode
   // their (large) replies in parallel.
-  if (!plan.calls.empty()) run(plan.calls, route_pull(po).timeout_s);
+  if (!plan.calls.empty()) run(plan.calls, plan.timeout_s);
   if (plan.finish) plan.finish();
   if (plan.seen) {
     std::lock_guard<std::mutex> lock(last_pull_mu_);
@@ -400,7 +401,7 @@ std::shared_ptr<AsyncOp> PsClient::pull_async(const int64_t* keys, size_t n,
   std::vector<RowBuffer> outputs;
   outputs.push_back(std::move(rows));
   return run_async(std::move(plan.calls), std::move(plan.finish), std::move(outputs),
-                   {std::move(plan.seen)}, route_pull(po).timeout_s);
+                   {std::move(plan.seen)}, plan.timeout_s);
 }
 
 // ---- push / commit --------------------------------------------------------------------------

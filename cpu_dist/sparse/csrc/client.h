@@ -258,11 +258,13 @@ class PsClient {
     std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
   };
   // A pull's calls, what completes it once every call succeeded (rows of repeated keys),
-  // and where its replies report their committed steps (null: no session named).
+  // where its replies report their committed steps (null: no session named), and the
+  // calls' deadline (route_pull's).
   struct PullPlan {
     Calls calls;
     std::function<void()> finish;
     std::shared_ptr<PullReport> seen;
+    double timeout_s = 0.0;
   };
   // Called with the calls of call_every_shard when any failed; must throw.
   using FailureHandler = std::function<void(const Calls&)>;

@@ -111,16 +111,8 @@ inline ps::PullOptions pull_options(const std::optional<std::string>& compressio
                                     std::optional<int64_t> after_step = std::nullopt,
                                     std::optional<double> wait_timeout = std::nullopt) {
   ps::PullOptions po;
-  if (after_step) {
-    if (!session) throw py::value_error(std::string(call) + ": after_step needs a session");
-    if (*after_step < 0)
-      throw py::value_error(std::string(call) + ": after_step must be >= 0, got " +
-                            std::to_string(*after_step));
-    if (!wait_timeout || !(*wait_timeout > 0))
-      throw py::value_error(std::string(call) + ": after_step needs a wait_timeout > 0");
-    po.after_step = after_step;
-    po.wait_timeout_s = *wait_timeout;
-  }
+  po.after_step = after_step;  // checked by the client (PsClient::route_pull)
+  po.wait_timeout_s = wait_timeout.value_or(0.0);
   if (compression) po.compression = parse_compression(*compression);
   po.session = session;
   if ((row_steps || row_states) && !session)
