@@ -24,8 +24,8 @@ from mpi4py import MPI
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.files import fsync_dir
-from cpu_dist.common.flags import setting_flag
 from cpu_dist.common.mpi_context import EXIT_STOPPED, STOP, wait_all
+from cpu_dist.common.setting_flags import setting_flag
 from cpu_dist.sparse import Client
 
 from .manifest import (

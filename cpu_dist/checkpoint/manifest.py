@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cpu_dist.common.files import atomic_write, file_crc32, fsync_dir
-from cpu_dist.common.flags import setting_flag
+from cpu_dist.common.setting_flags import setting_flag
 from cpu_dist.common.tables import SPEC_KEYS
 
 FORMAT = "cpu_dist-checkpoint"

@@ -1,7 +1,8 @@
 import pytest
 
 from cpu_dist.common.config import ClientConfig, Config
-from cpu_dist.common.flags import parse_args, setting_flag
+from cpu_dist.common.flags import parse_args
+from cpu_dist.common.setting_flags import setting_flag
 from cpu_dist.common.validate import ConfigError, parse_ps_list, validate
 
 pytestmark = pytest.mark.timeout(30)

@@ -446,7 +446,7 @@ def test_a_table_default_flag_that_every_table_overrides_is_warned_about(tmp_pat
 
 
 def test_the_tables_are_settings_a_checkpoint_records_and_names(job):
-    from cpu_dist.common.flags import setting_flag
+    from cpu_dist.common.setting_flags import setting_flag
 
     s = job(two_tables(dim=8, lr=0.1), "--embedding-dim", "8").settings()
     assert s["tables.fused"] is False and [t["name"] for t in s["tables.tables"]] == ["a", "b"]

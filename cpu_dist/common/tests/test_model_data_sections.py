@@ -17,7 +17,8 @@ from cpu_dist.common.config import (
     ModelConfig,
     model_spec_problem,
 )
-from cpu_dist.common.flags import parse_args, setting_flag
+from cpu_dist.common.flags import parse_args
+from cpu_dist.common.setting_flags import setting_flag
 from cpu_dist.common.validate import ConfigError, validate
 
 pytestmark = pytest.mark.timeout(30)

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from cpu_dist.common.config import DataConfig
-from cpu_dist.common.flags import parse_args, setting_flag
+from cpu_dist.common.flags import parse_args
+from cpu_dist.common.setting_flags import setting_flag
 from cpu_dist.common.validate import ConfigError, validate
 from cpu_dist.data.convert import convert
 
