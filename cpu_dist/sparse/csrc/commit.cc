@@ -353,45 +353,33 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
   return Status::OK;
 }
 
-// One rank's chunks (the world is that rank) whose keys rise strictly in every table, chunk
-// after chunk: its rows are distinct and already the step's mean (a sum over one rank, divided
-// by 1), so each table's rows are its parts laid end to end (`keys`, `grads`), without the
-// accumulator's per-row hash insert.  Bit for bit the same rows as accumulate's.  False, with
-// nothing filled, otherwise.
-bool CommitSessions::concatenate_distinct(const StepChunks& chunks, uint32_t world_size,
-                                          std::vector<std::vector<int64_t>>& keys,
-                                          std::vector<std::vector<float>>& grads) {
-  if (world_size != 1 || chunks.ranks.size() != 1) return false;
-  const auto& by_index = chunks.ranks.begin()->second.chunks;
+// Every rank's chunks whose keys rise strictly in every table, chunk after chunk (each worker
+// sends its sorted unique keys): per table the ranks' rows are merged, summed per key in rank
+// order, then / world_size (not for a world of one), without the accumulator's per-row hash
+// insert.  Bit for bit the same rows as accumulate's, in key order.  False, with nothing
+// filled, otherwise.
+bool CommitSessions::merge_rising(const StepChunks& chunks, uint32_t world_size,
+                                  std::vector<std::vector<int64_t>>& keys,
+                                  std::vector<std::vector<float>>& grads) {
   const size_t nt = chunks.tables.size();
-  std::vector<size_t> n(nt, 0);
-  std::vector<int64_t> last(nt);
-  bool rising = true;
-  for (const auto& [index, ch] : by_index)
-    for_each_part(ch, chunks.tables, [&](size_t t, const char* k, const char*, size_t cnt) {
-      for (size_t i = 0; i < cnt && rising; ++i) {
-        int64_t key;
-        std::memcpy(&key, k + i * sizeof(key), sizeof(key));
-        rising = n[t] == 0 || key > last[t];
-        last[t] = key;
-        ++n[t];
-      }
-    });
-  if (!rising) return false;
+  std::vector<std::vector<RisingRun>> runs(nt, std::vector<RisingRun>(chunks.ranks.size()));
+  size_t r = 0;
+  for (const auto& [rank, slot] : chunks.ranks) {  // rank order, then chunk order
+    for (const auto& [index, ch] : slot.chunks)
+      for_each_part(ch, chunks.tables, [&](size_t t, const char* k, const char* g, size_t cnt) {
+        runs[t][r].add(k, g, cnt, chunks.tables[t].table->dim());
+      });
+    for (size_t t = 0; t < nt; ++t)
+      if (!runs[t][r].rising) return false;
+    ++r;
+  }
   keys.assign(nt, {});
   grads.assign(nt, {});
   for (size_t t = 0; t < nt; ++t) {
-    keys[t].reserve(n[t]);
-    grads[t].reserve(n[t] * chunks.tables[t].table->dim());
+    merge_runs(runs[t], chunks.tables[t].table->dim(), keys[t], grads[t]);
+    if (world_size != 1)
+      for (float& v : grads[t]) v /= static_cast<float>(world_size);
   }
-  for (const auto& [index, ch] : by_index)
-    for_each_part(ch, chunks.tables, [&](size_t t, const char* k, const char* g, size_t cnt) {
-      const size_t width = chunks.tables[t].table->dim(), at = keys[t].size();
-      keys[t].resize(at + cnt);
-      grads[t].resize((at + cnt) * width);
-      std::memcpy(keys[t].data() + at, k, cnt * sizeof(int64_t));
-      std::memcpy(grads[t].data() + at * width, g, cnt * width * sizeof(float));
-    });
   return true;
 }
 
@@ -415,12 +403,12 @@ size_t CommitSessions::apply_step(Session& s, int64_t step, StepChunks& chunks, 
   const size_t nt = chunks.tables.size();
   std::vector<StepUpdate> updates(nt);
   size_t rows = 0;
-  // Per table: the chunks' rows summed in rank order, then chunk order (as one table's), or
-  // only laid end to end where that is the same.
+  // Per table: the chunks' rows summed in rank order, then chunk order (as one table's), by
+  // merging where every rank's keys rise (the usual case), else through the accumulator.
   std::vector<std::vector<int64_t>> keys;
   std::vector<std::vector<float>> grads;
   std::vector<RowAccumulator> acc;
-  if (concatenate_distinct(chunks, s.world_size, keys, grads)) {
+  if (merge_rising(chunks, s.world_size, keys, grads)) {
     for (size_t t = 0; t < nt; ++t) {
       const ChunkPart& p = chunks.tables[t];
       updates[t] =

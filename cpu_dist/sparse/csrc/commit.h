@@ -214,10 +214,11 @@ class CommitSessions {
                            bool wait, bool* blocked);
   // Throws; the tables are unchanged then (but for expiry drops: ShardTable::commit_step).
   size_t apply_step(Session& s, int64_t step, StepChunks& chunks, bool wait);
-  // One rank's distinct rows, each table's laid end to end; false where they need summing.
-  static bool concatenate_distinct(const StepChunks& chunks, uint32_t world_size,
-                                   std::vector<std::vector<int64_t>>& keys,
-                                   std::vector<std::vector<float>>& grads);
+  // Every rank's rows rise: per table the ranks' rows merged and summed per key in rank
+  // order, / world; false where some rank's do not (then accumulate).
+  static bool merge_rising(const StepChunks& chunks, uint32_t world_size,
+                           std::vector<std::vector<int64_t>>& keys,
+                           std::vector<std::vector<float>>& grads);
   // Otherwise: per table, the chunks' rows summed in rank order, then chunk order, / world.
   static void accumulate(const StepChunks& chunks, uint32_t world_size,
                          std::vector<RowAccumulator>& acc);

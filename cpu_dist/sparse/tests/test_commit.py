@@ -163,6 +163,38 @@ def test_one_rank_over_chunks_applies_as_the_model(cluster_factory, pb, keys):
         assert np.array_equal(bits(dv), bits(rv)) and np.array_equal(bits(ds), bits(rs))
 
 
+@pytest.mark.parametrize("kinds", [("rising",) * 3, ("rising", "falling", "rising")])
+def test_ranks_rows_merged_or_accumulated_as_the_model(cluster_factory, pb, kinds):
+    """Three ranks whose keys overlap: when every rank's keys rise, the shard merges the
+    ranks' rows (summed per key in rank order); when one rank's do not, it sums them through
+    the accumulator.  Either way the model's bits, however the chunks are cut and arrive."""
+    rng = np.random.default_rng(5)
+    per_rank = []
+    for kind in kinds:
+        k = np.sort(rng.choice(60, 30, replace=False)).astype(np.int64)
+        per_rank.append((k if kind == "rising" else k[::-1].copy(), rng_grads(rng, 30, DIM)))
+    ref = RefTable(DIM, 7, 0.1)
+    ref.commit(per_rank, 0.3, "rowwise_adagrad")
+    rk, rv, rs = ref.dump()
+    for chunking in [1, 4]:
+        c = cluster_factory(num_shards=1, dim=DIM)
+        channel = token_channel(c.addresses[0], TOKEN)
+        stub = pb[1].ParameterServerStub(channel)
+        chunks = [
+            adagrad_chunk(pb, 6, r, len(kinds), i, chunking, k[p], g[p])
+            for r, (k, g) in enumerate(per_rank)
+            for i, p in enumerate(np.array_split(np.arange(30), chunking))
+        ]
+        for j in rng.permutation(len(chunks)):
+            stub.Commit(chunks[j], timeout=10)
+        cl = c.client()
+        assert cl.wait_committed(6, 0, 5.0) == 0
+        dk, dv, ds = cl.dump()
+        channel.close()
+        assert np.array_equal(dk, rk)
+        assert np.array_equal(bits(dv), bits(rv)) and np.array_equal(bits(ds), bits(rs))
+
+
 def test_several_shards_small_chunks_concurrent_ranks(cluster_factory):
     c = cluster_factory(num_shards=3, dim=DIM)
     world = 3

@@ -135,3 +135,19 @@ def test_one_workers_key_union_is_its_own_keys_without_a_sort():
         {"a": (keys, np.ones((4, 2), np.float32)), "b": (messy[:0], np.ones((0, 2), np.float32))}
     )
     assert out["a"].written is keys and out["b"].written.tolist() == []
+
+
+@pytest.mark.parametrize("runs", [2, 5])
+def test_union_of_workers_sorted_runs_is_np_unique(runs):
+    """Workers' sorted unique keys, concatenated in rank order (what the exchange gathers),
+    overlapping and not, and keys in no order at all: the union is ``np.unique``'s."""
+    from cpu_dist.sparse.aggregation import sorted_union
+
+    rng = np.random.default_rng(runs)
+    gathered = np.concatenate(
+        [np.unique(rng.integers(-(2**62), 2**62, 50)) for _ in range(runs)]
+        + [np.unique(rng.integers(0, 40, 30)) for _ in range(runs)]
+    )
+    for keys in (gathered, rng.permutation(gathered), np.zeros(0, np.int64)):
+        got = sorted_union(keys)
+        assert got.dtype == np.int64 and np.array_equal(got, np.unique(keys))
