@@ -215,6 +215,28 @@ def test_garbage_bytes(env, method):
     assert same(snapshot(cl), before)
 
 
+@pytest.mark.parametrize("method", ["Push", "Commit"])
+def test_truncated_large_request(env, method):
+    """A request of many slices, cut inside its gradients, is refused whole: the shard parses
+    gRPC's slices as they are, and a field that ends past the last one must not parse."""
+    _c, cl, _, pb, channel = env
+    before = snapshot(cl)
+    n = 30000  # 30000 x (8 + 16) bytes: about 720 KB, under this server's 1 MiB limit
+    fields = dict(table=b"embedding", dim=DIM, keys=keys_bytes(np.arange(n)), grads=grads_bytes(n))
+    if method == "Push":
+        req = pb.PushRequest(**fields, lr=0.1)
+    else:
+        req = pb.CommitRequest(**fields, lr=0.1, session=1, world_size=1, chunk_count=1)
+    cut = req.SerializeToString()[:-1]
+    call = channel.unary_unary(METHOD + method)
+    expect(
+        lambda: call(cut, timeout=10, metadata=token_metadata(TOKEN)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{len(cut)} bytes do not parse",
+    )
+    assert same(snapshot(cl), before)
+
+
 def test_oversized_request_refused_by_grpc(env):
     _c, cl, stub, pb, _ = env
     before = snapshot(cl)
