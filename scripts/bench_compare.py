@@ -15,9 +15,13 @@ What is read from a benchmark: the last line of its standard output, one JSON ob
 nested objects give dotted keys (``phase_ms_per_step_w1.data``); strings, booleans, nulls and
 lists are not figures.  The last line printed here is one JSON object::
 
-    {"base": REV, "rounds": N, "keys": {KEY: {"head": MEDIAN, "base": MEDIAN, "ratio": H/B}}}
+    {"base": REV, "rounds": N,
+     "keys": {KEY: {"head": MEDIAN, "base": MEDIAN, "ratio": H/B, "spread": [LOW, HIGH]}}}
 
 over the keys both sides printed in every round (ratio null where the base median is 0).
+``spread`` is the lowest and highest ratio of one round's head to the same round's base (the
+two runs nearest in time; null where a base figure is 0): on a shared machine a ratio whose
+spread straddles 1.0 is no verdict, however far the medians' ratio is from it.
 Lines before it show each round and the keys only one side printed.  Every run's output is
 kept under the base folder's ``logs/``.  Errors (an unknown REV, BENCH missing on one side, a
 failed build or run, no figures in common) are one line ``bench_compare: error: ...`` and a
@@ -111,14 +115,25 @@ def common_keys(runs: Sequence[dict[str, float]]) -> list[str]:
 
 def summary(rev: str, head: Sequence[dict[str, float]], base: Sequence[dict[str, float]]) -> dict:
     """The result object: per key both sides printed in every round, the medians and their
-    ratio head/base (None where the base median is 0)."""
+    ratio head/base (None where the base median is 0), and the spread of the rounds' own
+    ratios (head and base of one round ran back to back), which says how much of the
+    medians' ratio the machine's noise could be."""
     if len(head) != len(base) or not head:
         raise ValueError("head and base need the same number of rounds, at least one")
-    keys: dict[str, dict[str, float | None]] = {}
+    keys: dict[str, dict] = {}
     for k in common_keys([*head, *base]):
         h = statistics.median(r[k] for r in head)
         b = statistics.median(r[k] for r in base)
-        keys[k] = {"head": h, "base": b, "ratio": round(h / b, 4) if b != 0 else None}
+        paired = [rh[k] / rb[k] for rh, rb in zip(head, base) if rb[k] != 0]
+        spread = (
+            [round(min(paired), 4), round(max(paired), 4)] if len(paired) == len(head) else None
+        )
+        keys[k] = {
+            "head": h,
+            "base": b,
+            "ratio": round(h / b, 4) if b != 0 else None,
+            "spread": spread,
+        }
     return {"base": rev, "rounds": len(head), "keys": keys}
 
 
@@ -455,7 +470,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     width = max(len(k) for k in result["keys"])
     for k, v in result["keys"].items():
         ratio = "-" if v["ratio"] is None else f"{v['ratio']:.3f}"
-        print(f"{k:{width}s}  head {v['head']:>14,.4g}  base {v['base']:>14,.4g}  ratio {ratio}")
+        spread = "-" if v["spread"] is None else "{:.3f}-{:.3f}".format(*v["spread"])
+        print(
+            f"{k:{width}s}  head {v['head']:>14,.4g}  base {v['base']:>14,.4g}  ratio {ratio}"
+            f"  rounds {spread}"
+        )
     print(json.dumps(result), flush=True)
     return 0
 

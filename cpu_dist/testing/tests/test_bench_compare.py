@@ -68,11 +68,23 @@ def test_summary_takes_medians_over_the_keys_both_sides_print_every_round(bc):
     assert got == {
         "base": "v1",
         "rounds": 3,
-        "keys": {"a": {"head": 2.0, "base": 6.0, "ratio": round(2 / 6, 4)}},
+        "keys": {
+            "a": {
+                "head": 2.0,
+                "base": 6.0,
+                "ratio": round(2 / 6, 4),
+                "spread": [round(1 / 4, 4), round(3 / 8, 4)],  # rounds 1/4, 3/8, 2/6
+            }
+        },
     }
     # b is missing from head's third round; with it there, a zero base median has no ratio.
     head[2]["b"] = 20.0
-    assert bc.summary("v1", head, base)["keys"]["b"] == {"head": 20.0, "base": 0.0, "ratio": None}
+    assert bc.summary("v1", head, base)["keys"]["b"] == {
+        "head": 20.0,
+        "base": 0.0,
+        "ratio": None,
+        "spread": None,
+    }
     assert json.loads(json.dumps(got)) == got
     assert bc.one_sided([{"a": 1.0, "h": 2.0}], [{"a": 1.0, "z": 3.0}]) == [
         "only in head: h",
