@@ -10,7 +10,8 @@ Default DLRM (global batch 2048, D=64, 26 sparse features, synthetic data).  Run
 The last line is one JSON object: samples/s of each, phase seconds per step, and the ratios
 ratio_w1 (w1 / torch), commit_speedup (w2_ps / w2_barrier) and exposed_sparse_ratio (seconds
 per step workers wait on sparse traffic: pulls, commit waits and, in collective mode, the
-row exchange; w2_ps / w2_barrier).
+row exchange; w2_ps / w2_barrier), and ps_apply_ms_<run> (the shard's mean wall time to apply
+one step's commit: the part of a commit wait that is the shard's own work).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def run_ours(args, name: str, workers: int, extra: list[str]) -> dict:
         "commit_wait_s_per_step": summary["commit_wait_s"] / steps,
         "bytes_pulled_per_step": summary["bytes_pulled"] / steps,
         "bytes_pushed_per_step": summary["bytes_pushed"] / steps,
+        "ps_apply_ms": summary.get("ps_apply_ms"),  # absent where nothing went through commits
     }
 
 
@@ -146,6 +148,8 @@ def main() -> None:
     for k in ("w2_ps", "w2_coll", "w2_barrier"):
         line[f"commit_wait_ms_{k}"] = round(1e3 * res[k]["commit_wait_s_per_step"], 2)
         line[f"exposed_sparse_ms_{k}"] = round(1e3 * res[k]["exposed_sparse_s_per_step"], 2)
+        if res[k]["ps_apply_ms"] is not None:
+            line[f"ps_apply_ms_{k}"] = round(res[k]["ps_apply_ms"], 2)
     line["phase_ms_per_step_w1"] = {
         k: round(1e3 * v, 2) for k, v in res["w1"]["phase_s_per_step"].items()
     }

@@ -257,8 +257,10 @@ def per_table_figures(shard_stats: Sequence[Mapping[str, Any]]) -> dict[str, dic
 
 
 def table_figures(shard_stats: Sequence[Mapping[str, Any]], tiered: bool, rules: bool) -> dict:
-    """The PS tables at the end of a run, summed over shards: their rows, and where the job
-    set them, the tiers' split (``--ps-memory-rows``/``--ps-memory-bytes``/``--ps-ssd-dir``)
+    """The PS tables at the end of a run, summed over shards: their rows, ``ps_apply_ms``
+    (where commits applied: a step's apply on a shard, mean over the shards' applied steps
+    since they started), and where the job set them, the tiers' split
+    (``--ps-memory-rows``/``--ps-memory-bytes``/``--ps-ssd-dir``)
     and the step rules' counters (``--ps-admit-after``/``--ps-expire-after``); and ``tables``,
     each table's own figures (:func:`per_table_figures`), for every job."""
     names = ["rows"]
@@ -267,6 +269,9 @@ def table_figures(shard_stats: Sequence[Mapping[str, Any]], tiered: bool, rules:
     if rules:
         names += ["rows_admitted", "rows_expired", "pending_counts"]
     out: dict[str, Any] = {f"ps_{n}": sum(int(s.get(n, 0)) for s in shard_stats) for n in names}
+    applied = sum(int(s.get("applied_steps", 0)) for s in shard_stats)
+    if applied:  # a commit's apply on a shard, mean ms: the floor under a worker's commit wait
+        out["ps_apply_ms"] = sum(int(s.get("apply_ns", 0)) for s in shard_stats) / applied / 1e6
     tables = per_table_figures(shard_stats)
     if tables:
         out["tables"] = tables

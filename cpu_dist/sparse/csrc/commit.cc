@@ -316,7 +316,11 @@ Status CommitSessions::apply_ready(Session& s, uint64_t session, size_t* rows_ap
     StatusCode code;
     std::string why;
     try {
+      const Clock::time_point t0 = Clock::now();
       *rows_applied += apply_step(s, step, it->second, wait);
+      const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
+      apply_ns_.fetch_add(static_cast<uint64_t>(took.count()), std::memory_order_relaxed);
+      applied_steps_.fetch_add(1, std::memory_order_relaxed);
       s.bytes -= it->second.bytes;
       s.steps.erase(it);
       s.committed.store(step);

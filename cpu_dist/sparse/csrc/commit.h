@@ -138,6 +138,18 @@ class CommitSessions {
   size_t live_sessions() const;
   size_t waiters() const;  // long polls parked
 
+  // Steps applied since the shard started (every session) and the wall time their applies
+  // took: the ranks' rows summed, then the tables updated, from the call that completed the
+  // step.  What a worker's commit wait is made of when the shard is not kept waiting.
+  struct Applies {
+    uint64_t steps = 0;
+    uint64_t ns = 0;
+  };
+  Applies applies() const {
+    return {applied_steps_.load(std::memory_order_relaxed),
+            apply_ns_.load(std::memory_order_relaxed)};
+  }
+
  private:
   // Sparse (maps, not vectors sized from the wire): memory follows what actually arrived.
   struct RankSlot {
@@ -251,6 +263,8 @@ class CommitSessions {
   std::deque<uint64_t> ended_order_;  // oldest first
   // Steps whose apply began, over every session (Writes: another session's apply since).
   std::atomic<uint64_t> applies_begun_{0};
+  std::atomic<uint64_t> applied_steps_{0};  // applies(): counted once a step is in the rows
+  std::atomic<uint64_t> apply_ns_{0};
   mutable std::mutex waiters_mu_;
   uint64_t next_waiter_ = 1;
   std::map<uint64_t, Waiter> waiters_;

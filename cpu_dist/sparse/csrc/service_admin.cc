@@ -108,6 +108,9 @@ StatsResponse PsService::stats() const {
   s.set_rows_expired(sum.rows_expired);
   s.set_pending_counts(sum.pending_counts);
   s.set_rows_read_ssd(sum.rows_read_ssd);
+  const CommitSessions::Applies applies = sessions_.applies();
+  s.set_applied_steps(applies.steps);
+  s.set_apply_ns(applies.ns);
   return s;
 }
 

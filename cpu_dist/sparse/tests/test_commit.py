@@ -79,6 +79,8 @@ def test_retry_of_committed_chunk_is_not_reapplied(cluster_factory):
     cl.commit(1, 0, 0, 1, keys, grads * 3, 0.5)  # even with other bytes: step is done
     assert all(np.array_equal(x, y) for x, y in zip(after, cl.dump()))
     assert cl.committed_step(1) == 0
+    stats = cl.stats()[0]  # one apply counted and timed, the retries not
+    assert stats["applied_steps"] == 1 and stats["apply_ns"] > 0, stats
 
 
 def test_pending_retry_identical_ok_conflicting_aborted(cluster_factory):

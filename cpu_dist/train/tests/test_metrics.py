@@ -158,3 +158,14 @@ def test_the_summary_has_each_table_s_figures_summed_over_shards_beside_the_tota
     printed = metrics.summary_table({"steps": 3, **got})
     assert "rows_admitted" in printed and printed.splitlines()[-1].split()[:3] == ["b", "16", "4"]
     assert "tables" not in metrics.table_figures([{"rows": 1}], tiered=False, rules=False)
+
+
+def test_ps_apply_ms_is_the_mean_over_every_shard_s_applied_steps():
+    shards = [
+        {"rows": 1, "applied_steps": 10, "apply_ns": 30_000_000},
+        {"rows": 1, "applied_steps": 30, "apply_ns": 10_000_000},
+    ]
+    got = metrics.table_figures(shards, tiered=False, rules=False)
+    assert got["ps_apply_ms"] == 40_000_000 / 40 / 1e6  # 1.0: not the shards' means' mean (2.17)
+    # no commit applied (pushes only, or an older shard without the fields): no figure
+    assert "ps_apply_ms" not in metrics.table_figures([{"rows": 1}], tiered=False, rules=False)
