@@ -13,7 +13,7 @@
 #   CPU_DIST_TEST_PHASES="unit mpi-np3"  run only these of: static unit mpi-np3 mpi-np4
 #   CPU_DIST_TEST_LOGS=DIR  results there instead of logs/ (its old results removed first)
 #   CPU_DIST_SKIP_SETUP=1  do not run scripts/setup.sh (the environment is known to be ready)
-#   CPU_DIST_TEST_UNIT_LIMIT_S=2400  the unit phase's wall-clock limit; at it pytest gets SIGINT
+#   CPU_DIST_TEST_UNIT_LIMIT_S=3600  the unit phase's wall-clock limit; at it pytest gets SIGINT
 #     and still writes its summary and JUnit XML, so the tests it finished are counted
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -85,7 +85,7 @@ fi
 if wanted unit; then
   echo "== unit and integration tests"
   # The MPI tests run in the MPI phases; here each would be a skip ("need --with-mpi").
-  timeout -s INT -k 30 "${CPU_DIST_TEST_UNIT_LIMIT_S:-2400}" \
+  timeout -s INT -k 30 "${CPU_DIST_TEST_UNIT_LIMIT_S:-3600}" \
     "$PY" "${PYTEST[@]}" --junitxml="$LOGS/unit.xml" --ignore=tests/mpi \
     --deselect-mpi "$@"
   phase unit $?
