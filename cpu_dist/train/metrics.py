@@ -270,7 +270,7 @@ def table_figures(shard_stats: Sequence[Mapping[str, Any]], tiered: bool, rules:
         names += ["rows_admitted", "rows_expired", "pending_counts"]
     out: dict[str, Any] = {f"ps_{n}": sum(int(s.get(n, 0)) for s in shard_stats) for n in names}
     applied = sum(int(s.get("applied_steps", 0)) for s in shard_stats)
-    if applied:  # a commit's apply on a shard, mean ms: the floor under a worker's commit wait
+    if applied:  # a step's apply on a shard, mean ms (it overlaps the workers' dense phase)
         out["ps_apply_ms"] = sum(int(s.get("apply_ns", 0)) for s in shard_stats) / applied / 1e6
     tables = per_table_figures(shard_stats)
     if tables:
