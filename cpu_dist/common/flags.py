@@ -95,8 +95,9 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         "--barrier-timeout",
         type=float,
         default=JobConfig.barrier_timeout_s,
-        help="seconds workers wait for each other (a step, a commit that needs "
-        "every worker, the end of the job); checkpoints add --checkpoint-timeout",
+        help="seconds ranks wait for each other (start-up, a step, a commit that needs "
+        "every worker, an evaluation, the end of the job); checkpoints add "
+        "--checkpoint-timeout",
     )
     g.add_argument(
         "--worker-nice",

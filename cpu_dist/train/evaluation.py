@@ -11,6 +11,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from cpu_dist.common.mpi_context import wait_all
 from cpu_dist.data import Batch
 from cpu_dist.embeddings import KeyedJaggedTensor
 from cpu_dist.models.scoring import evaluate
@@ -34,6 +35,7 @@ def evaluate_model(
     rows: StepRows,
     read_rows: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
     prefix: str = "eval",
+    timeout_s: float = 300.0,
 ) -> dict[str, float]:
     """``{"<prefix>_auc", "<prefix>_logloss", "<prefix>_samples"}`` on worker 0 (empty
     elsewhere, and when there were no batches).  Every worker walks the same global
@@ -41,7 +43,10 @@ def evaluate_model(
     means to evaluate is applied first; ``plan`` makes a batch's features and each table's
     plan (the training's own), ``read_rows`` reads float32 rows of every table's unique ids
     as the PS holds them (never through a lossy wire encoding), and they are bound to the
-    model's collections through ``rows`` as in training."""
+    model's collections through ``rows`` as in training.  The workers meet in a sleeping
+    barrier (``timeout_s``) before the scores are gathered: worker 0 may still be scoring the
+    split before (importing scikit-learn the first time), and a blocking gather would spin
+    the others' cores meanwhile."""
     rank, world = comm.Get_rank(), comm.Get_size()
     scores, labels = [], []
     model.eval()
@@ -59,6 +64,7 @@ def evaluate_model(
     model.train()
     s = np.concatenate(scores) if scores else np.zeros(0)
     y = np.concatenate(labels) if labels else np.zeros(0)
+    wait_all(comm, timeout_s, f"{prefix} evaluation")
     gathered = comm.gather((s, y), root=0)
     if rank != 0 or gathered is None:
         return {}

@@ -110,7 +110,11 @@ def run_job(cfg: Config, roles: Roles) -> int:
         share_cores(node)  # before torch's first import (the loop's)
         from cpu_dist.train.loop import train_worker
 
-        addresses = list(cfg.job.ps_list) if external else exchange_ps_addresses(roles, None, None)
+        addresses = (
+            list(cfg.job.ps_list)
+            if external
+            else exchange_ps_addresses(roles, None, None, cfg.job.barrier_timeout_s)
+        )
         try:
             stopped = train_worker(cfg, roles, token, session, addresses, not external)
         except PSError as exc:

@@ -144,6 +144,10 @@ class Worker:
         )
         self.timer = PhaseTimer()
         self.committer = make_committer(cfg, self.client, self.comm, session)
+        # The workers meet sleeping before the collectives below: the first optimizer imports
+        # torch's compiler stack (seconds), which ends at different times on a loaded node,
+        # and a blocking collective would spin the early ones' cores meanwhile.
+        wait_all(self.comm, cfg.job.barrier_timeout_s, "worker start-up")
         self.checkpointer = Checkpointer(
             cfg,
             self.comm,
@@ -379,6 +383,7 @@ class Worker:
             rows=self.rows,
             read_rows=self._eval_rows,
             prefix=split,
+            timeout_s=self.cfg.job.barrier_timeout_s,
         )
         if result:
             self.log.write({"step": step, **result})

@@ -80,7 +80,7 @@ def run_ps_rank(cfg: Config, roles: Roles, token: str, job_host: str) -> None:
         address = f"{job_host if host in WILDCARDS else host}:{bound}"
     except Exception as exc:  # reported to every rank by the allgather below
         error = f"{type(exc).__name__}: {exc} (listening on {host}:{port})"
-    exchange_ps_addresses(roles, address, error)
+    exchange_ps_addresses(roles, address, error, cfg.job.barrier_timeout_s)
     assert server is not None  # exchange_ps_addresses raised otherwise
     # Serve until worker 0 sends Shutdown once every worker is done; the server drains
     # in-flight calls first.  The wait sleeps in C++ with the GIL released: no spinning core.
