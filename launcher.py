@@ -7,7 +7,6 @@ shards (C++, sparse rows over gRPC).  ``python launcher.py --help`` lists every 
 
 from __future__ import annotations
 
-import gc
 import sys
 from collections.abc import Sequence
 
@@ -46,11 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     roles = split_roles(cfg.job.worker_num, world)
     code = run_or_abort(lambda: run_job(cfg, roles), lambda: roles.name, is_expected_error)
-    # The job is over and closed what it opened (shards, clients, files).  What is left is the
-    # interpreter's teardown, whose cyclic collector walks every object torch and its compiler
-    # stack (imported by torch.optim) made: about 1 s a rank here, after the job's work.
-    # Frozen objects are not walked; their memory goes back with the process.
-    gc.freeze()
+    from cpu_dist.common.process_exit import skip_exit_collection
+
+    skip_exit_collection()  # the job has closed its shards, clients and files
     return code
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from cpu_dist.checkpoint.manifest import CheckpointError
+from cpu_dist.common.process_exit import skip_exit_collection
 from cpu_dist.export import export_checkpoint
 from cpu_dist.serving.bundle import BundleError
 from cpu_dist.sparse import PSError
@@ -42,4 +43,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    skip_exit_collection()
+    sys.exit(code)

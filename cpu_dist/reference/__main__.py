@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cpu_dist.common.flags import parse_args
+from cpu_dist.common.process_exit import skip_exit_collection
 from cpu_dist.common.validate import ConfigError, validate
 from cpu_dist.data import eval_batches, train_batches
 from cpu_dist.data.run_length import run_length
@@ -61,4 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    skip_exit_collection()
+    sys.exit(code)

@@ -21,6 +21,7 @@ from cpu_dist.common.config_errors import ConfigError
 from cpu_dist.common.files import atomic_write
 from cpu_dist.common.flags import add_data_flags
 from cpu_dist.common.job_file import JobFile, JobFileError, read_job_file
+from cpu_dist.common.process_exit import skip_exit_collection
 from cpu_dist.common.validate_data import data_config
 from cpu_dist.data import dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
@@ -229,4 +230,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    skip_exit_collection()
+    sys.exit(code)
