@@ -109,13 +109,14 @@ def ps_listen_host(roles: Roles, requested: str | None, interface: str | None = 
 
 
 def exchange_ps_addresses(
-    roles: Roles, address: str | None, error: str | None, timeout_s: float = 300.0
+    roles: Roles, address: str | None, error: str | None, timeout_s: float
 ) -> list[str]:
     """Allgather every PS rank's bound address; every rank raises if any shard failed to start.
 
-    The ranks meet in ``wait_all`` first: a shard is ready long before the workers have
-    imported torch, and a blocking allgather would spin its core all that time (OpenMPI
-    polls), on the two cores the workers are importing on."""
+    The ranks meet in ``wait_all`` first (at most ``timeout_s``, the job's
+    ``--barrier-timeout``): a shard is ready long before the workers have imported torch,
+    and a blocking allgather would spin its core all that time (OpenMPI polls), on the
+    cores the workers are importing on."""
     wait_all(roles.world, timeout_s, "PS address exchange")
     items = roles.world.allgather((roles.rank, address, error))
     failures = [f"rank {r}: {e}" for r, _, e in items if e]

@@ -35,7 +35,7 @@ def evaluate_model(
     rows: StepRows,
     read_rows: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
     prefix: str = "eval",
-    timeout_s: float = 300.0,
+    timeout_s: float,
 ) -> dict[str, float]:
     """``{"<prefix>_auc", "<prefix>_logloss", "<prefix>_samples"}`` on worker 0 (empty
     elsewhere, and when there were no batches).  Every worker walks the same global

@@ -125,29 +125,9 @@ class Worker:
         self.features = BatchFeatures(
             cfg.tables, self.dataset.kind, getattr(self.dataset, "offsets", None)
         )
-        # The user's model as written (or a built-in); its collections' rows become the ones
-        # the step pipeline reads (``step_rows``), everything else is dense.
-        self.model = build_job_model(cfg, self.dataset.num_dense)
-        self.tables = [
-            c for _, ebc in collections_of(self.model) for c in ebc.embedding_bag_configs()
-        ]
-        self.rows = distribute(self.model)
-        dims = {c.name: c.embedding_dim for c in self.tables}
-        self.traffic = metrics.TableTraffic(dims)  # per table, for the summary
-        broadcast_parameters(self.model, self.comm)
-        self.dense = make_dense_sync(
-            cfg.train.dense_sync,
-            [p for _, p in dense_named_parameters(self.model)],
-            self.comm,
-            cfg.train.dense_optimizer,
-            cfg.train.lr,
-        )
+        self._build_model()
         self.timer = PhaseTimer()
         self.committer = make_committer(cfg, self.client, self.comm, session)
-        # The workers meet sleeping before the collectives below: the first optimizer imports
-        # torch's compiler stack (seconds), which ends at different times on a loaded node,
-        # and a blocking collective would spin the early ones' cores meanwhile.
-        wait_all(self.comm, cfg.job.barrier_timeout_s, "worker start-up")
         self.checkpointer = Checkpointer(
             cfg,
             self.comm,
@@ -181,6 +161,31 @@ class Worker:
             hold=True,  # no batch is made during this thread's data phase (see release below)
             prepare=self._plan,
         )
+
+    def _build_model(self) -> None:
+        """The user's model as written (or a built-in): its collections' rows become the ones
+        the step pipeline reads (``step_rows``), everything else is dense, started from worker
+        0's parameters and stepped by the dense sync."""
+        cfg = self.cfg
+        self.model = build_job_model(cfg, self.dataset.num_dense)
+        self.tables = [
+            c for _, ebc in collections_of(self.model) for c in ebc.embedding_bag_configs()
+        ]
+        self.rows = distribute(self.model)
+        dims = {c.name: c.embedding_dim for c in self.tables}
+        self.traffic = metrics.TableTraffic(dims)  # per table, for the summary
+        broadcast_parameters(self.model, self.comm)
+        self.dense = make_dense_sync(
+            cfg.train.dense_sync,
+            [p for _, p in dense_named_parameters(self.model)],
+            self.comm,
+            cfg.train.dense_optimizer,
+            cfg.train.lr,
+        )
+        # The first optimizer imports torch's compiler stack (seconds), done at different times
+        # on a loaded node: the workers meet asleep before their next collective, which would
+        # spin the early ones' cores meanwhile.
+        wait_all(self.comm, cfg.job.barrier_timeout_s, "worker start-up")
 
     def _unique(self, batch: Batch) -> dict[str, np.ndarray]:
         """A batch's sorted unique keys per table (the cache stage's prescan)."""
@@ -296,7 +301,7 @@ class Worker:
         bar = metrics.progress(
             cfg.train.max_step, enabled=self.chief and cfg.output.progress, initial=self.start
         )
-        window = Window(time.perf_counter())
+        window = metrics.Window(time.perf_counter())
         run_t0 = time.perf_counter()
         steps, ahead, stopped = cfg.train.max_step, None, False
         for step in range(self.start, cfg.train.max_step):
@@ -326,7 +331,9 @@ class Worker:
             self._end(steps, time.perf_counter() - run_t0, stop_shards)
         return stopped
 
-    def _after_step(self, step: int, steps: int, loss: torch.Tensor, window: Window, bar) -> None:
+    def _after_step(
+        self, step: int, steps: int, loss: torch.Tensor, window: metrics.Window, bar
+    ) -> None:
         out = self.cfg.output
         if (step + 1) % out.print_freq == 0 or step + 1 == steps:
             # the mean over the interval's steps and the workers (each a mean over its share)
@@ -464,29 +471,6 @@ class Worker:
         wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")
         if self.chief and stop_shards:
             self.client.shutdown()
-
-
-class Window:
-    """Samples per second, and the loss, over the steps since the last logged line."""
-
-    def __init__(self, t0: float) -> None:
-        self.t0, self.samples = t0, 0
-        self.loss_sum, self.losses = 0.0, 0
-
-    def add_loss(self, loss: float) -> None:
-        self.loss_sum += loss
-        self.losses += 1
-
-    def take_loss(self) -> list[float]:
-        """[sum of the interval's losses, their number], and a new interval."""
-        out = [self.loss_sum, float(self.losses)]
-        self.loss_sum, self.losses = 0.0, 0
-        return out
-
-    def rate(self, now: float) -> float:
-        rate = self.samples / max(now - self.t0, 1e-9)
-        self.t0, self.samples = now, 0
-        return rate
 
 
 def train_worker(

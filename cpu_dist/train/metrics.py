@@ -155,6 +155,29 @@ class RunLog:
         self.close()
 
 
+class Window:
+    """Samples per second, and the loss, over the steps since the last logged line."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0, self.samples = t0, 0
+        self.loss_sum, self.losses = 0.0, 0
+
+    def add_loss(self, loss: float) -> None:
+        self.loss_sum += loss
+        self.losses += 1
+
+    def take_loss(self) -> list[float]:
+        """[sum of the interval's losses, their number], and a new interval."""
+        out = [self.loss_sum, float(self.losses)]
+        self.loss_sum, self.losses = 0.0, 0
+        return out
+
+    def rate(self, now: float) -> float:
+        rate = self.samples / max(now - self.t0, 1e-9)
+        self.t0, self.samples = now, 0
+        return rate
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)

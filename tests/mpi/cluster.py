@@ -24,7 +24,7 @@ def start_job(dim: int, seed: int, scale: float) -> tuple[Roles, str, int, list[
     roles = split_roles(workers, world)
     token, session = share_job_secret(roles)
     if roles.is_worker:
-        return roles, token, session, exchange_ps_addresses(roles, None, None)
+        return roles, token, session, exchange_ps_addresses(roles, None, None, 60)
     server = Server(
         dim,
         token,
@@ -33,7 +33,7 @@ def start_job(dim: int, seed: int, scale: float) -> tuple[Roles, str, int, list[
         shard_index=roles.role_rank,
         num_shards=roles.num_ps_ranks,
     )
-    exchange_ps_addresses(roles, f"127.0.0.1:{server.start()}", None)
+    exchange_ps_addresses(roles, f"127.0.0.1:{server.start()}", None, 60)
     while not server.wait(0.5):
         pass
     wait_all(roles.world, 60, "test end")
