@@ -124,15 +124,20 @@ uint8_t* ShardTable::flags_ptr(const Slots& s, uint32_t slot) const {
          r * ((dim_ + sw_) * sizeof(float) + 2 * sizeof(int64_t)) + (slot & 0xFFFFu);
 }
 
-void ShardTable::prefetch_slot(const Slots& s, uint32_t slot, bool state, bool meta) const {
-  const char* row = reinterpret_cast<const char*>(row_ptr(s, slot));
-  const size_t row_bytes = size_t{dim_} * sizeof(float);
-  for (size_t off = 0; off < row_bytes; off += kCacheLine) __builtin_prefetch(row + off, 1);
-  if (state) {
-    const char* st = reinterpret_cast<const char*>(state_ptr(s, slot));
-    for (size_t off = 0; off < size_t{sw_} * sizeof(float); off += kCacheLine)
-      __builtin_prefetch(st + off, 1);
-  }
+void ShardTable::prefetch_slot(const Slots& s, uint32_t slot, bool state, bool meta,
+                               bool update) const {
+  // A read asks for the lines shared, an update for them owned (prefetchw).
+  const auto lines = [update](const char* p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += kCacheLine) {
+      if (update) {
+        __builtin_prefetch(p + off, 1);
+      } else {
+        __builtin_prefetch(p + off, 0);
+      }
+    }
+  };
+  lines(reinterpret_cast<const char*>(row_ptr(s, slot)), size_t{dim_} * sizeof(float));
+  if (state) lines(reinterpret_cast<const char*>(state_ptr(s, slot)), size_t{sw_} * sizeof(float));
   if (meta) {
     __builtin_prefetch(step_ptr(s, slot), 1);
     __builtin_prefetch(flags_ptr(s, slot), 1);
@@ -315,7 +320,7 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
     }
     for (uint32_t j = starts[s]; j < end; ++j) {
       if (j + kPrefetchAhead < end && src[j + kPrefetchAhead] != nullptr)
-        prefetch_slot(st.s, slot[j + kPrefetchAhead], state_out != nullptr, with_meta);
+        prefetch_slot(st.s, slot[j + kPrefetchAhead], state_out != nullptr, with_meta, false);
       const uint32_t i = order[j];
       if (src[j] == nullptr) {
         missing.push_back(j);

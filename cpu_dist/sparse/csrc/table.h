@@ -325,7 +325,8 @@ class ShardTable {
   // Asks the CPU for a slot's row lines (its state lines where `state`, its step and flags where
   // `meta`) ahead of their use, so that the cache misses of a batch's next rows overlap: the
   // rows are random over the table, and one miss per row in turn bounds small RPCs otherwise.
-  void prefetch_slot(const Slots& s, uint32_t slot, bool state, bool meta) const;
+  // `update`: the caller will write the row and state (a pull only reads them).
+  void prefetch_slot(const Slots& s, uint32_t slot, bool state, bool meta, bool update) const;
 
   // ---- slots (table.cc); the caller holds the stripe's lock ----
   // A slot for `key`, in the index, flags kUsed; kNoSlot (nothing changed) when the key is

@@ -317,10 +317,10 @@ std::optional<TierError> ShardTable::finish_locked(Pass& p) {
     const uint32_t end = starts[s + 1];
     const bool meta = store_ != nullptr || ctx != nullptr;  // flags / step written below
     for (uint32_t j = starts[s]; j < std::min(end, starts[s] + kPrefetchAhead); ++j)
-      if (slots[j] != kNoSlot) prefetch_slot(st.s, slots[j], true, meta);
+      if (slots[j] != kNoSlot) prefetch_slot(st.s, slots[j], true, meta, true);
     for (uint32_t j = starts[s]; j < end; ++j) {
       if (j + kPrefetchAhead < end && slots[j + kPrefetchAhead] != kNoSlot)
-        prefetch_slot(st.s, slots[j + kPrefetchAhead], true, meta);
+        prefetch_slot(st.s, slots[j + kPrefetchAhead], true, meta, true);
       const uint32_t i = order[j], slot = slots[j];
       if (slot == kNoSlot) {
         ctx->waiting.push_back(keys[i]);
