@@ -394,24 +394,36 @@ def shard_process(tmp_path, max_message_mb: int):
         yield p.pid, address
 
 
-def test_a_huge_body_without_the_token_is_refused_before_it_is_read(tmp_path, pb):
+# Push and Pull are raw unary methods, whose request gRPC would receive whole with the call;
+# Commit is served by the generic service.  The token gate refuses all three before reading.
+@pytest.mark.parametrize("method", ["Push", "Pull", "Commit"])
+def test_a_huge_body_without_the_token_is_refused_before_it_is_read(tmp_path, pb, method):
     body = 256 << 20
     with shard_process(tmp_path, max_message_mb=320) as (pid, address):
         cl = Client([address], TOKEN, DIM, timeout_s=20.0)
         cl.health()
         peak0 = peak_resident_bytes(pid)
         n = body // (8 + 4 * DIM)
-        req = pb.PushRequest(
-            table=b"embedding", dim=DIM, keys=bytes(8 * n), grads=bytes(4 * DIM * n), lr=0.1
-        ).SerializeToString()
+        rows = dict(table=b"embedding", dim=DIM, keys=bytes(8 * n))
+        if method == "Pull":
+            req = pb.PullRequest(table=b"embedding", dim=DIM, keys=bytes(body))
+        elif method == "Push":
+            req = pb.PushRequest(**rows, grads=bytes(4 * DIM * n), lr=0.1)
+        else:
+            req = pb.CommitRequest(
+                **rows, grads=bytes(4 * DIM * n), lr=0.1, session=1, world_size=1, chunk_count=1
+            )
         opts = [("grpc.max_send_message_length", 512 << 20)]
         with grpc.insecure_channel(address, options=opts) as channel:
             for token in ("", "wrong"):  # no token, then a wrong one
-                code, details = call(channel, "Push", req, timeout=60.0, token=token)
+                code, details = call(
+                    channel, method, req.SerializeToString(), timeout=60.0, token=token
+                )
                 assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
         grew = peak_resident_bytes(pid) - peak0
         stats = cl.stats()[0]
-        print(f"FIGURE {body >> 20} MiB body without a token: shard peak grew {grew >> 20} MiB")
+        mib = (body >> 20, grew >> 20)
+        print(f"FIGURE {method}: {mib[0]} MiB body without a token: shard peak grew {mib[1]} MiB")
         assert grew < 32 << 20, grew  # not the body, not a parsed copy of it
         assert stats["bytes_in"] < 1 << 20 and stats["rows"] == 0 and stats["errors"] == 2
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "method_paths.h"
 #include "ps.pb.h"
 #include "wire.h"
 
@@ -16,15 +17,6 @@ using grpc::StatusCode;
 using Reactor = grpc::ServerGenericBidiReactor;
 
 namespace {
-
-// The token of a call's metadata, if it has one.
-bool metadata_token(const grpc::GenericCallbackServerContext& ctx, std::string* token) {
-  const auto& md = ctx.client_metadata();
-  auto it = md.find(kTokenMetadataKey);
-  if (it == md.end()) return false;
-  token->assign(it->second.data(), it->second.size());
-  return true;
-}
 
 // A call refused before anything of its request was read.  gRPC's reactor protocol: the
 // reactor is created with new and deletes itself in OnDone.
@@ -173,13 +165,11 @@ class WaitCall final : public Reactor {
 }  // namespace
 
 Reactor* PsCallService::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
-  std::string token;
-  Status st = service_.check_token(metadata_token(*ctx, &token) ? &token : nullptr);
+  // The token was checked before the call got here (token_gate.h).
   const std::optional<Method> method = method_of(ctx->method());
-  if (st.ok() && !method)
-    st = Status(StatusCode::UNIMPLEMENTED, "unknown method " + ctx->method().substr(0, 200));
   // gRPC's reactor protocol: every reactor below deletes itself in OnDone.
-  if (!st.ok()) {
+  if (!method) {
+    Status st(StatusCode::UNIMPLEMENTED, "unknown method " + ctx->method().substr(0, 200));
     const grpc::ByteBuffer none;
     service_.count(&none, &none, st);
     return new Refusal(std::move(st));
@@ -212,6 +202,47 @@ BlockingWorker* PsCallService::worker_for(Method m) {
     case Method::kShutdown: return nullptr;
   }
   return &updates_;
+}
+
+// ---- PsUnaryMethods ---------------------------------------------------------------------
+
+PsUnaryMethods::PsUnaryMethods(PsService& service, BlockingWorker& retry)
+    : service_(service), retry_(retry) {
+  using Handler = grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+  const std::pair<const char*, Method> methods[] = {{paths::kPull, Method::kPull},
+                                                    {paths::kPush, Method::kPush}};
+  int index = 0;
+  for (const auto& [path, method] : methods) {
+    // grpc::Service owns what it is given (its handlers and methods are unique_ptrs inside).
+    AddMethod(std::make_unique<grpc::internal::RpcServiceMethod>(
+                  path, grpc::internal::RpcMethod::NORMAL_RPC, nullptr)
+                  .release());
+    MarkMethodRawCallback(
+        index++, std::make_unique<Handler>([this, m = method](grpc::CallbackServerContext* ctx,
+                                                              const grpc::ByteBuffer* req,
+                                                              grpc::ByteBuffer* resp) {
+                   return serve(ctx, m, req, resp);
+                 }).release());
+  }
+}
+
+grpc::ServerUnaryReactor* PsUnaryMethods::serve(grpc::CallbackServerContext* ctx, Method method,
+                                                const grpc::ByteBuffer* req,
+                                                grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();  // the token gate passed it
+  bool deferred = false;
+  Status st = service_.run(method, *req, resp, method == Method::kPush ? &deferred : nullptr);
+  if (deferred) {  // a Push that would wait on the table's update lock: on a thread that may
+    retry_.post([this, method, req, resp, reactor] {
+      Status s = service_.run(method, *req, resp);
+      service_.count(req, resp, s);
+      reactor->Finish(std::move(s));
+    });
+    return reactor;
+  }
+  service_.count(req, resp, st);
+  reactor->Finish(std::move(st));
+  return reactor;
 }
 
 // ---- BlockingWorker ---------------------------------------------------------------------

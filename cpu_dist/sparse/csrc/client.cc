@@ -13,8 +13,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "malloc_tuning.h"
 #include "merge.h"
+#include "process_tuning.h"
 #include "token.h"
 #include "wire.h"
 
@@ -127,7 +127,7 @@ grpc::Status decode_reply(const grpc::ByteBuffer& reply, const Part& part, uint3
 
 PsClient::PsClient(ClientOptions opts) : opts_(normalized(std::move(opts))) {
   check_options(opts_);
-  tune_malloc_once();
+  tune_process_once();
   for (const std::string& addr : opts_.addresses) {
     Shard s;
     s.address = addr;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client.h"
 #include "hashing.h"
+#include "method_paths.h"
 #include "optimizer.h"
 #include "wire.h"
 
@@ -14,16 +15,16 @@ namespace cpu_dist::ps {
 
 namespace {
 
-constexpr const char* kWait = "/cpu_dist.ps.ParameterServer/WaitCommitted";
-constexpr const char* kClose = "/cpu_dist.ps.ParameterServer/CloseSession";
-constexpr const char* kAbort = "/cpu_dist.ps.ParameterServer/AbortSessions";
-constexpr const char* kStats = "/cpu_dist.ps.ParameterServer/Stats";
-constexpr const char* kHealth = "/cpu_dist.ps.ParameterServer/Health";
-constexpr const char* kDump = "/cpu_dist.ps.ParameterServer/Dump";
-constexpr const char* kShutdown = "/cpu_dist.ps.ParameterServer/Shutdown";
-constexpr const char* kSave = "/cpu_dist.ps.ParameterServer/Save";
-constexpr const char* kLoad = "/cpu_dist.ps.ParameterServer/Load";
-constexpr const char* kCreateTables = "/cpu_dist.ps.ParameterServer/CreateTables";
+using paths::kAbortSessions;
+using paths::kCloseSession;
+using paths::kCreateTables;
+using paths::kDump;
+using paths::kHealth;
+using paths::kLoad;
+using paths::kSave;
+using paths::kShutdown;
+using paths::kStats;
+using paths::kWaitCommitted;
 
 // make_request for call_every_shard when every shard gets the same request.
 auto same_for_every_shard(const google::protobuf::MessageLite& req) {
@@ -95,8 +96,8 @@ int64_t PsClient::wait_committed(uint64_t session, int64_t step, double timeout_
   for (;;) {
     const double left =
         std::max(0.0, std::chrono::duration<double>(end - SteadyClock::now()).count());
-    const int64_t lo = min_committed(
-        call_every_shard<WaitCommittedResponse>(kWait, same_for_every_shard(req), left, timed_out));
+    const int64_t lo = min_committed(call_every_shard<WaitCommittedResponse>(
+        kWaitCommitted, same_for_every_shard(req), left, timed_out));
     if (lo >= step) return lo;
     if (end - SteadyClock::now() < std::chrono::seconds(1))
       throw WaitTimeout(absl::StrCat("session ", session, " step ", step, " not committed within ",
@@ -108,20 +109,20 @@ int64_t PsClient::committed_step(uint64_t session) {
   WaitCommittedRequest req;
   req.set_session(session);
   req.set_step(-1);  // always satisfied: answers at once
-  return min_committed(
-      call_every_shard<WaitCommittedResponse>(kWait, same_for_every_shard(req), opts_.timeout_s));
+  return min_committed(call_every_shard<WaitCommittedResponse>(
+      kWaitCommitted, same_for_every_shard(req), opts_.timeout_s));
 }
 
 void PsClient::close_session(uint64_t session, uint32_t rank) {
   CloseSessionRequest req;
   req.set_session(session);
   req.set_rank(rank);
-  call_every_shard<CloseSessionResponse>(kClose, same_for_every_shard(req), opts_.timeout_s);
+  call_every_shard<CloseSessionResponse>(kCloseSession, same_for_every_shard(req), opts_.timeout_s);
 }
 
 std::vector<AbortSessionsResponse> PsClient::abort_sessions() {
   return call_every_shard<AbortSessionsResponse>(
-      kAbort, same_for_every_shard(AbortSessionsRequest()), opts_.timeout_s);
+      kAbortSessions, same_for_every_shard(AbortSessionsRequest()), opts_.timeout_s);
 }
 
 // ---- administration -------------------------------------------------------------------------

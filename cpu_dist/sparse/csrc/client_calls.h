@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "client.h"
 #include "codec.h"
+#include "method_paths.h"
 #include "optimizer.h"
 #include "ps.pb.h"
 #include "shard_split.h"
@@ -22,10 +23,10 @@
 
 namespace cpu_dist::ps::client_calls {
 
-inline constexpr const char* kPull = "/cpu_dist.ps.ParameterServer/Pull";
-inline constexpr const char* kPullCommitted = "/cpu_dist.ps.ParameterServer/PullCommitted";
-inline constexpr const char* kPush = "/cpu_dist.ps.ParameterServer/Push";
-inline constexpr const char* kCommit = "/cpu_dist.ps.ParameterServer/Commit";
+using paths::kCommit;
+using paths::kPull;
+using paths::kPullCommitted;
+using paths::kPush;
 
 // Row-count arguments index with uint32_t (positions, slot ids): refuse what would wrap.
 inline void check_count(size_t n) {

@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "grpc/grpc.h"
 #include "grpcpp/resource_quota.h"
-#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "malloc_tuning.h"
+#include "process_tuning.h"
+#include "token_gate.h"
 
 namespace cpu_dist::ps {
 
@@ -109,13 +109,13 @@ PsServer::~PsServer() { stop(1.0); }
 std::string PsServer::address() const { return host_port(opts_.host, port_); }
 
 int PsServer::start() {
-  tune_malloc_once();
+  tune_process_once();
   std::lock_guard<std::mutex> lock(mu_);
   if (started_) throw std::runtime_error("server already started");
   grpc::ServerBuilder builder;
   int bound = 0;
   const std::string addr = host_port(opts_.host, opts_.port);
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(addr, token_checking_credentials(*service_), &bound);
   builder.SetMaxReceiveMessageSize(opts_.max_message_bytes);
   builder.SetMaxSendMessageSize(opts_.max_message_bytes);
   grpc::ResourceQuota quota("cpu_dist_ps");
@@ -127,7 +127,8 @@ int PsServer::start() {
   builder.AddChannelArgument(
       GRPC_ARG_MAX_CONCURRENT_STREAMS,
       static_cast<int>(std::min<uint32_t>(opts_.max_concurrent_streams, INT32_MAX)));
-  builder.RegisterCallbackGenericService(calls_.get());
+  builder.RegisterService(calls_->unary_methods());      // Pull, Push
+  builder.RegisterCallbackGenericService(calls_.get());  // every other method
   server_ = builder.BuildAndStart();
   if (!server_ || bound == 0) {
     server_.reset();

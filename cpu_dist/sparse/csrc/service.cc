@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "merge.h"
+#include "method_paths.h"
 #include "status_util.h"
 #include "wire.h"
 
@@ -35,27 +36,23 @@ Status parse_request(const grpc::ByteBuffer& bb, Msg* m) {
 
 std::optional<Method> method_of(const std::string& path) {
   static constexpr std::pair<const char*, Method> kMethods[] = {
-      {"Pull", Method::kPull},
-      {"Push", Method::kPush},
-      {"Commit", Method::kCommit},
-      {"WaitCommitted", Method::kWaitCommitted},
-      {"PullCommitted", Method::kPullCommitted},
-      {"CloseSession", Method::kCloseSession},
-      {"AbortSessions", Method::kAbortSessions},
-      {"Stats", Method::kStats},
-      {"Health", Method::kHealth},
-      {"Dump", Method::kDump},
-      {"Shutdown", Method::kShutdown},
-      {"Save", Method::kSave},
-      {"Load", Method::kLoad},
-      {"CreateTables", Method::kCreateTables},
+      {paths::kPull, Method::kPull},
+      {paths::kPush, Method::kPush},
+      {paths::kCommit, Method::kCommit},
+      {paths::kWaitCommitted, Method::kWaitCommitted},
+      {paths::kPullCommitted, Method::kPullCommitted},
+      {paths::kCloseSession, Method::kCloseSession},
+      {paths::kAbortSessions, Method::kAbortSessions},
+      {paths::kStats, Method::kStats},
+      {paths::kHealth, Method::kHealth},
+      {paths::kDump, Method::kDump},
+      {paths::kShutdown, Method::kShutdown},
+      {paths::kSave, Method::kSave},
+      {paths::kLoad, Method::kLoad},
+      {paths::kCreateTables, Method::kCreateTables},
   };
-  constexpr std::string_view kPrefix = "/cpu_dist.ps.ParameterServer/";
-  if (path.size() <= kPrefix.size() || path.compare(0, kPrefix.size(), kPrefix) != 0)
-    return std::nullopt;
-  const std::string_view name = std::string_view(path).substr(kPrefix.size());
-  for (const auto& [n, m] : kMethods)
-    if (name == n) return m;
+  for (const auto& [p, m] : kMethods)
+    if (path == p) return m;
   return std::nullopt;
 }
 

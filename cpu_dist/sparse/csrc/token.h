@@ -1,5 +1,5 @@
 // The job token on the wire: every call carries it as call metadata under kTokenMetadataKey,
-// and a shard checks it before it reads the request (call_reactor.h).
+// and a shard checks it before it receives the request (token_gate.h).
 #pragma once
 
 #include <stdexcept>
