@@ -394,8 +394,8 @@ def shard_process(tmp_path, max_message_mb: int):
         yield p.pid, address
 
 
-# Push and Pull are raw unary methods, whose request gRPC would receive whole with the call;
-# Commit is served by the generic service.  The token gate refuses all three before reading.
+# Pull, Push and Commit are raw unary methods, whose request gRPC would receive whole with the
+# call, were the token not checked before (token_gate.h).
 @pytest.mark.parametrize("method", ["Push", "Pull", "Commit"])
 def test_a_huge_body_without_the_token_is_refused_before_it_is_read(tmp_path, pb, method):
     body = 256 << 20

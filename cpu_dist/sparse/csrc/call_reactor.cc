@@ -26,14 +26,13 @@ class Refusal final : public Reactor {
   void OnDone() override { delete this; }
 };
 
-// A unary method: read the one request, run the method (on gRPC's thread when it cannot block,
-// else on a BlockingWorker), write the reply.
+// A unary method of the generic service: read the one request, run the method (on gRPC's
+// thread when it cannot block, else on a BlockingWorker), write the reply.
 class UnaryCall final : public Reactor {
  public:
-  // `worker`: where the method runs (null: here); `retry`: where it runs again when it
-  // could not finish here without waiting (Push, Commit).
-  UnaryCall(PsService& service, Method method, BlockingWorker* worker, BlockingWorker* retry)
-      : service_(service), method_(method), worker_(worker), retry_(retry) {
+  // `worker`: where the method runs (null: here).
+  UnaryCall(PsService& service, Method method, BlockingWorker* worker)
+      : service_(service), method_(method), worker_(worker) {
     StartRead(&req_);
   }
   void OnReadDone(bool ok) override {
@@ -43,15 +42,6 @@ class UnaryCall final : public Reactor {
     }
     if (worker_ != nullptr) {
       worker_->post([this] { finish(service_.run(method_, req_, &resp_)); });
-    } else if (retry_ != nullptr) {
-      // First here without waiting on any lock; where it would have to, on the worker.
-      bool deferred = false;
-      Status st = service_.run(method_, req_, &resp_, &deferred);
-      if (deferred) {
-        retry_->post([this] { finish(service_.run(method_, req_, &resp_)); });
-      } else {
-        finish(std::move(st));
-      }
     } else {
       finish(service_.run(method_, req_, &resp_));
     }
@@ -71,7 +61,6 @@ class UnaryCall final : public Reactor {
   PsService& service_;
   const Method method_;
   BlockingWorker* const worker_;
-  BlockingWorker* const retry_;
   grpc::ByteBuffer req_, resp_;
 };
 
@@ -176,18 +165,13 @@ Reactor* PsCallService::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
   }
   if (*method == Method::kWaitCommitted || *method == Method::kPullCommitted)
     return new WaitCall(service_, *ctx, updates_, *method);
-  const bool tries_here = *method == Method::kPush || *method == Method::kCommit;
-  return new UnaryCall(service_, *method, worker_for(*method), tries_here ? &updates_ : nullptr);
+  return new UnaryCall(service_, *method, worker_for(*method));
 }
 
 BlockingWorker* PsCallService::worker_for(Method m) {
   switch (m) {
     case Method::kSave:
     case Method::kLoad: return &worker_;
-    // Tried here without waiting on any lock first (UnaryCall), on the worker where they
-    // would have to: the update lock, a session's mutex.
-    case Method::kPush:
-    case Method::kCommit: return nullptr;
     // A session's mutex (held while its step applies), or a whole pass over the index.
     case Method::kCloseSession:
     case Method::kAbortSessions:
@@ -195,8 +179,11 @@ BlockingWorker* PsCallService::worker_for(Method m) {
     case Method::kCreateTables:  // the tables' lock; an SSD tier opens a database
     case Method::kWaitCommitted:
     case Method::kPullCommitted: return &updates_;
-    // Stripe locks for a moment at most (a pull never waits on the update lock).
+    // Served by PsUnaryMethods (registered, so never routed here).
     case Method::kPull:
+    case Method::kPush:
+    case Method::kCommit: return nullptr;
+    // Stripe locks for a moment at most.
     case Method::kStats:
     case Method::kHealth:
     case Method::kShutdown: return nullptr;
@@ -210,7 +197,8 @@ PsUnaryMethods::PsUnaryMethods(PsService& service, BlockingWorker& retry)
     : service_(service), retry_(retry) {
   using Handler = grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
   const std::pair<const char*, Method> methods[] = {{paths::kPull, Method::kPull},
-                                                    {paths::kPush, Method::kPush}};
+                                                    {paths::kPush, Method::kPush},
+                                                    {paths::kCommit, Method::kCommit}};
   int index = 0;
   for (const auto& [path, method] : methods) {
     // grpc::Service owns what it is given (its handlers and methods are unique_ptrs inside).
@@ -231,8 +219,13 @@ grpc::ServerUnaryReactor* PsUnaryMethods::serve(grpc::CallbackServerContext* ctx
                                                 grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();  // the token gate passed it
   bool deferred = false;
-  Status st = service_.run(method, *req, resp, method == Method::kPush ? &deferred : nullptr);
-  if (deferred) {  // a Push that would wait on the table's update lock: on a thread that may
+  // Pull waits on no lock but a stripe's for a moment; Push and Commit are tried here without
+  // waiting, and where one would have to (the update lock, a session's mutex) it runs again
+  // from its request on a thread that may wait (a commit chunk stored already is then an
+  // identical retry, which applies its complete step).
+  const bool may_defer = method == Method::kPush || method == Method::kCommit;
+  Status st = service_.run(method, *req, resp, may_defer ? &deferred : nullptr);
+  if (deferred) {
     retry_.post([this, method, req, resp, reactor] {
       Status s = service_.run(method, *req, resp);
       service_.count(req, resp, s);

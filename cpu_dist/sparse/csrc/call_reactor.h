@@ -1,13 +1,13 @@
 // The gRPC face of a shard, behind its token gate (token_gate.h: a call without the right
 // token is refused before its request is received, whatever the method).
 //
-// Pull and Push, the small calls a client makes most, are raw unary callback methods
-// (PsUnaryMethods): gRPC hands over the request with the call, and the reply and status leave
-// in one batch that finishes on the thread that served it.  Every other method is served by
+// Pull, Push and Commit, the calls a client makes on every step, are raw unary callback
+// methods (PsUnaryMethods): gRPC hands over the request with the call, and the reply and status
+// leave in one batch that finishes on the thread that served it.  Every other method is served by
 // one generic callback service (PsCallService), whose reactors read the request, run the
 // method where it may block, and park the long polls.  A generic (bidi) reactor's OnDone
-// always goes through gRPC's executor thread, one more thread wake-up per call: on Pull and
-// Push that cost about 15 % of a 256-key call's rows/s (gRPC 1.51), which is why they are not
+// always goes through gRPC's executor thread, one more thread wake-up per call: that cost a
+// 256-key Pull about 15 % of its rows/s (gRPC 1.51), which is why the step's calls are not
 // served by the generic service.
 #pragma once
 
@@ -56,11 +56,12 @@ class BlockingWorker {
 // calls waiting on a frozen table leave others (a close, a long poll's start) served.
 inline size_t update_threads() { return std::max<size_t>(4, std::thread::hardware_concurrency()); }
 
-// Pull and Push as raw unary callback methods (see the top of this file).  Registered beside
-// the generic service, which then serves every other method.
+// Pull, Push and Commit as raw unary callback methods (see the top of this file).  Registered
+// beside the generic service, which then serves every other method.
 class PsUnaryMethods final : public grpc::Service {
  public:
-  // `retry`: where a Push runs again when it could not finish on gRPC's thread without waiting.
+  // `retry`: where a Push or Commit runs again when it could not finish on gRPC's thread
+  // without waiting.
   PsUnaryMethods(PsService& service, BlockingWorker& retry);
 
  private:

@@ -127,7 +127,7 @@ int PsServer::start() {
   builder.AddChannelArgument(
       GRPC_ARG_MAX_CONCURRENT_STREAMS,
       static_cast<int>(std::min<uint32_t>(opts_.max_concurrent_streams, INT32_MAX)));
-  builder.RegisterService(calls_->unary_methods());      // Pull, Push
+  builder.RegisterService(calls_->unary_methods());      // Pull, Push, Commit
   builder.RegisterCallbackGenericService(calls_.get());  // every other method
   server_ = builder.BuildAndStart();
   if (!server_ || bound == 0) {

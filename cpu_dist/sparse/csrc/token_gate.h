@@ -4,7 +4,7 @@
 // A call without the right token is refused there (UNAUTHENTICATED, the reason as its
 // message) before its request is received: the server has not asked for the message yet, so
 // it waits in HTTP/2 flow control and is never buffered or parsed.  That holds for every
-// method, including the raw unary ones (Pull, Push) whose request gRPC otherwise receives
+// method, including the raw unary ones (Pull, Push, Commit) whose request gRPC otherwise receives
 // whole with the call (call_reactor.h).
 #pragma once
 
