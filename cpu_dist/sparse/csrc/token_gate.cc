@@ -1,6 +1,8 @@
 #include "token_gate.h"
 
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
@@ -16,17 +18,17 @@ namespace {
 void check_call(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md, size_t num_md,
                 grpc_process_auth_metadata_done_cb done, void* user_data) {
   auto& service = *static_cast<PsService*>(state);
-  const std::string key = kTokenMetadataKey;
+  const auto text = [](const grpc_slice& s) {
+    return std::string_view(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)),
+                            GRPC_SLICE_LENGTH(s));
+  };
   std::string token;
   bool found = false;
-  for (size_t i = 0; i < num_md && !found; ++i) {
-    const grpc_slice& k = md[i].key;
-    if (GRPC_SLICE_LENGTH(k) == key.size() &&
-        key.compare(0, key.size(), reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(k)),
-                    GRPC_SLICE_LENGTH(k)) == 0) {
-      token.assign(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(md[i].value)),
-                   GRPC_SLICE_LENGTH(md[i].value));
+  for (size_t i = 0; i < num_md; ++i) {
+    if (text(md[i].key) == kTokenMetadataKey) {
+      token = text(md[i].value);
       found = true;
+      break;
     }
   }
   const grpc::Status st = service.check_token(found ? &token : nullptr);
