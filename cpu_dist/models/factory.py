@@ -10,7 +10,8 @@ A spec is one of
 
 Every one is a factory with the signature ``FUNC(tables: list[EmbeddingBagConfig],
 dense_features: int, **args) -> nn.Module``, whose module's ``forward(dense [B,
-dense_features], sparse: KeyedJaggedTensor)`` returns logits ``[B]``.  :func:`build_model`
+dense_features], sparse: KeyedJaggedTensor)`` returns logits ``[B]`` (or ``[B, 1]``,
+:mod:`cpu_dist.models.outputs`).  :func:`build_model`
 calls it and checks what it built: an ``nn.Module`` owning at least one
 ``EmbeddingBagCollection`` (what a job distributes; the rest is dense) whose tables are the
 job's.  Every error is a :class:`ModelError` that names the spec and what is wrong, since a

@@ -25,6 +25,7 @@ from cpu_dist.data.features import BatchFeatures
 from cpu_dist.data.run_length import run_length
 from cpu_dist.dense.allreduce import make_dense_optimizer, set_rate
 from cpu_dist.embeddings import collections_of
+from cpu_dist.models.outputs import logits_of
 from cpu_dist.train.dump import model_arrays
 from cpu_dist.train.job_model import build_job_model
 
@@ -67,7 +68,7 @@ class ReferenceTrainer:
 
     def _logits(self, batch: Batch) -> torch.Tensor:
         dense = torch.from_numpy(batch.dense).to(self.dtype)
-        return self.model(dense, self.features(batch))
+        return logits_of(self.model(dense, self.features(batch)), len(batch), self.cfg.model.name)
 
     def step(self, batch: Batch) -> float:
         """One synchronous step on a global batch; returns the loss before the update."""

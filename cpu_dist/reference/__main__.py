@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cpu_dist.common.flags import parse_args
+from cpu_dist.common.parquet_schema import ParquetError
 from cpu_dist.common.process_exit import skip_exit_collection
 from cpu_dist.common.validate import ConfigError, validate
 from cpu_dist.data import eval_batches, train_batches
@@ -25,6 +26,14 @@ from cpu_dist.train.dump import write_dump
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except (ModelError, ParquetError) as exc:  # met while training: a model's output, bad data
+        print(f"cpu_dist.reference: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     args.ps_list, args.token_file = None, None  # no shards here
     workers = args.worker_num or 1

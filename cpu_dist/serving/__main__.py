@@ -25,6 +25,7 @@ from cpu_dist.common.process_exit import skip_exit_collection
 from cpu_dist.common.validate_data import data_config
 from cpu_dist.data import dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
+from cpu_dist.models.outputs import logits_of
 from cpu_dist.models.scoring import evaluate
 from cpu_dist.serving.bundle import Bundle, BundleError, open_bundle
 from cpu_dist.serving.loader import bundle_job_tables, load_bundle
@@ -191,8 +192,9 @@ def score(args: argparse.Namespace, given: set[str] | None = None) -> dict[str, 
     scores, labels = [], []
     with torch.no_grad():
         for batch in eval_batches(dataset, args.batch_size, count):
-            logits = model(torch.from_numpy(batch.dense).to(dtype), features(batch))
-            scores.append(logits.double().numpy().reshape(-1))
+            output = model(torch.from_numpy(batch.dense).to(dtype), features(batch))
+            logits = logits_of(output, len(batch), record.name)  # [B] or [B, 1]: one check
+            scores.append(logits.double().numpy())
             labels.append(batch.labels.astype(np.float64))
     if not scores:
         raise BundleError("the data has no evaluation batches")

@@ -14,6 +14,7 @@ from torch import nn
 from cpu_dist.common.mpi_context import wait_all
 from cpu_dist.data import Batch
 from cpu_dist.embeddings import KeyedJaggedTensor
+from cpu_dist.models.outputs import logits_of
 from cpu_dist.models.scoring import evaluate
 from cpu_dist.train.step_rows import Plans, StepRows
 
@@ -36,6 +37,7 @@ def evaluate_model(
     read_rows: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
     prefix: str = "eval",
     timeout_s: float,
+    model_name: str = "the model",
 ) -> dict[str, float]:
     """``{"<prefix>_auc", "<prefix>_logloss", "<prefix>_samples"}`` on worker 0 (empty
     elsewhere, and when there were no batches).  Every worker walks the same global
@@ -46,7 +48,8 @@ def evaluate_model(
     model's collections through ``rows`` as in training.  The workers meet in a sleeping
     barrier (``timeout_s``) before the scores are gathered: worker 0 may still be scoring the
     split before (importing scikit-learn the first time), and a blocking gather would spin
-    the others' cores meanwhile."""
+    the others' cores meanwhile.  ``model_name`` names the model where its output is not
+    logits ``[B]`` or ``[B, 1]`` (:func:`~cpu_dist.models.outputs.logits_of`)."""
     rank, world = comm.Get_rank(), comm.Get_size()
     scores, labels = [], []
     model.eval()
@@ -58,7 +61,9 @@ def evaluate_model(
             kjt, plans = plan(part)
             pulled = read_rows({name: p[0] for name, p in plans.items()})
             rows.bind(plans, {n: torch.from_numpy(np.asarray(r)) for n, r in pulled.items()})
-            logits = model(torch.from_numpy(part.dense).to(dtype), kjt)
+            logits = logits_of(
+                model(torch.from_numpy(part.dense).to(dtype), kjt), len(part), model_name
+            )
             scores.append(logits.double().numpy())
             labels.append(part.labels.astype(np.float64))
     model.train()

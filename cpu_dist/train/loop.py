@@ -42,6 +42,7 @@ from cpu_dist.embeddings import (
 )
 from cpu_dist.export import export_job
 from cpu_dist.models.factory import source_sha256
+from cpu_dist.models.outputs import logits_of
 from cpu_dist.sparse import Client
 from cpu_dist.sparse.reads import TableReads
 from cpu_dist.train import metrics
@@ -227,7 +228,8 @@ class Worker:
             ahead = self._ahead(step)  # its rows are pulled during this whole step
         with timer("forward"):
             self.dense.zero_grad()
-            loss = self.loss_fn(self.model(dense, kjt), labels)
+            logits = logits_of(self.model(dense, kjt), len(labels), self.cfg.model.name)
+            loss = self.loss_fn(logits, labels)
         if not torch.isfinite(loss):  # before backward: name the cause, not a sparse key
             raise NonFiniteLoss(
                 why_not_finite(
@@ -391,6 +393,7 @@ class Worker:
             read_rows=self._eval_rows,
             prefix=split,
             timeout_s=self.cfg.job.barrier_timeout_s,
+            model_name=self.cfg.model.name,
         )
         if result:
             self.log.write({"step": step, **result})
