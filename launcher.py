@@ -7,7 +7,9 @@ shards (C++, sparse rows over gRPC).  ``python launcher.py --help`` lists every 
 
 from __future__ import annotations
 
+import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 
@@ -16,6 +18,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cpu_dist.common.validate import ConfigError, validate
 
     args = parse_args(argv)
+    problem = _model_problem(args)
+    if problem is not None:
+        return _refuse_before_mpi(problem)
     from cpu_dist.common.slurm import check_launch_environment
 
     try:
@@ -49,6 +54,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     skip_exit_collection()  # the job has closed its shards, clients and files
     return code
+
+
+def _model_problem(args: argparse.Namespace) -> str | None:
+    """A user model whose file or package does not exist, named as the user gave it
+    (``--model``, or the job file's ``[model] name``); None when it may exist."""
+    from cpu_dist.common.config import model_source_problem
+
+    problem = model_source_problem(args.model)
+    if problem is None:
+        return None
+    job_file = args.job_file
+    if "model" not in args.given and job_file is not None and job_file.model_name is not None:
+        return f"{job_file.path}: [model] name {args.model!r}: {problem}"
+    return f"--model {args.model!r}: {problem}"
+
+
+# How long a rank other than the first waits before it exits 2 on a verdict every rank reached
+# before MPI started: mpirun (and srun --kill-on-bad-exit) ends the job at the first non-zero
+# exit, which must not come before the first rank has printed the one message.  The first
+# rank's exit ends the wait (mpirun then stops the rest); the bound covers a launcher that
+# lets every task run to its end.
+REFUSAL_GRACE_S = 5.0
+
+
+def _refuse_before_mpi(message: str) -> int:
+    """One ``launcher.py: error:`` line from the first rank (its rank read from the launcher's
+    environment), exit 2 on every rank."""
+    from cpu_dist.common.first_rank import launch_rank
+
+    if launch_rank() == 0:
+        print(f"launcher.py: error: {message}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(REFUSAL_GRACE_S)
+    return 2
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ client's keyword defaults and its ``.pyi`` stub are tested against them.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from cpu_dist.common.contracts import default_init_scale
@@ -327,6 +329,43 @@ def _json_value(value: object) -> object:
     if isinstance(value, (tuple, list)):
         return [_json_value(v) for v in value]
     return value
+
+
+def model_source_problem(spec: str) -> str | None:
+    """Why a user model spec's file or top-level package cannot be found, or None: checked by
+    the launcher before MPI starts, so that a mistyped path is one line from the first rank,
+    not an MPI_ABORT banner per rank once the job has started.
+
+    Only what needs no import: ``path/to/file.py:FUNC``'s file (relative to the working
+    directory, as the factory reads it) and ``PKG.MODULE:FUNC``'s top-level package on
+    ``sys.path``; submodules, the function and loading it are the factory's to check when the
+    job builds its model.  A built-in name, or a spec with bad syntax (``model_spec_problem``
+    names that), has no problem here.
+
+    Example::
+
+        assert "does not exist" in model_source_problem("no/such.py:build")
+    """
+    if ":" not in spec or model_spec_problem(spec) is not None:
+        return None
+    target = spec.rsplit(":", 1)[0]
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target)
+        if path.is_file():
+            return None
+        why = "is not a file" if path.exists() else "does not exist"
+        return f"{target} {why} (resolved: {path.resolve()})"
+    top = target.split(".", 1)[0]
+    try:
+        found = importlib.util.find_spec(top)  # a top-level name: searched for, not imported
+    except (ImportError, ValueError):
+        return None  # the factory reports it with the cause
+    if found is None:
+        return (
+            f"no module named {top!r} on the Python path (install it or put its directory on "
+            "PYTHONPATH; a file is path/to/file.py:FUNC)"
+        )
+    return None
 
 
 def model_spec_problem(spec: object) -> str | None:

@@ -74,9 +74,12 @@ def test_a_job_file_value_of_the_wrong_type_is_named_once(tmp_path):
 
 
 def test_a_user_model_that_cannot_be_loaded_ends_the_job_with_one_clear_error(tmp_path):
-    """A file spec whose file is missing: exit 2 naming the spec and the path, no traceback."""
+    """A file spec whose file is missing: found before MPI starts, one line from the first
+    rank naming the flag, the spec and the path, exit 2; no traceback, no MPI_ABORT banner."""
     missing = tmp_path / "no_such_model.py"
     proc = mpirun(3, ["--worker-num", "2", *SMALL, "--model", f"{missing}:build"], timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"ModelError: model '{missing}:build': {missing} does not exist" in proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = f"launcher.py: error: --model '{missing}:build': {missing} does not exist"
+    assert proc.stderr.count(line) == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("launcher.py: error:") == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "MPI_ABORT" not in proc.stderr, proc.stderr[-3000:]

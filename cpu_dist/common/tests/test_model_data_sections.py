@@ -15,6 +15,7 @@ from cpu_dist.common.config import (
     MAX_BAG_LENGTH,
     DataConfig,
     ModelConfig,
+    model_source_problem,
     model_spec_problem,
 )
 from cpu_dist.common.flags import parse_args
@@ -140,6 +141,25 @@ def test_the_spec_syntax_is_the_model_factory_s(spec, ok):
     (the flags cannot import torch, nor may common's tests import the models package, so a
     comparison with the factory itself belongs to the models' tests)."""
     assert (model_spec_problem(spec) is None) == ok, model_spec_problem(spec)
+
+
+def test_a_user_model_s_missing_file_or_package_is_found_without_importing(tmp_path, monkeypatch):
+    """What the launcher checks before MPI starts (``launcher.py`` prints it once, exit 2):
+    the file of a file spec, the top-level package of a module spec; what needs an import
+    (a submodule, the function) and built-in names are left to the factory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("def build(tables, dense_features): ...\n")
+    (tmp_path / "models").mkdir()
+    assert model_source_problem("mine.py:build") is None  # relative to the working directory
+    assert model_source_problem("mine.py:no_such_function") is None
+    assert "nope.py does not exist (resolved: " in str(model_source_problem("nope.py:build"))
+    assert "./models is not a file" in str(model_source_problem("./models:build"))
+    assert "no module named 'no_such_pkg_48'" in str(
+        model_source_problem("no_such_pkg_48.models:build")
+    )
+    assert model_source_problem("json.no_such_submodule:build") is None  # needs an import
+    for spec in ("dlrm", "dcnv2", "dlmr", "a b:f"):  # built-in, or model_spec_problem's to say
+        assert model_source_problem(spec) is None
 
 
 def test_cross_network_flags_warn_without_dcnv2():
