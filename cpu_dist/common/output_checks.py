@@ -9,12 +9,12 @@ import argparse
 import os
 from pathlib import Path
 
+from cpu_dist.common.bundle_link import check_bundle_dir
 from cpu_dist.common.files import (
     OutputError,
     check_output_dir,
     check_output_file,
     describe_dir,
-    is_export_bundle,
     is_metrics_log,
     is_state_dump,
     is_tensorboard_dir,
@@ -38,7 +38,7 @@ def check_outputs(a: argparse.Namespace) -> None:
     each output path is missing, empty, or of its own kind, and no two paths (outputs, data,
     checkpoints) are the same."""
     if a.export:
-        check_output_dir(a.export, "--export", "an export bundle", is_export_bundle)
+        check_bundle_dir(a.export, "--export")  # (a dangling link of an earlier export too)
     if a.tensorboard:
         check_output_dir(
             a.tensorboard, "--tensorboard", "TensorBoard event files", is_tensorboard_dir

@@ -37,15 +37,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from cpu_dist.common.files import (
-    EXPORT_FORMAT,
-    atomic_write,
-    check_output_dir,
-    file_crc32,
-    is_export_bundle,
-    replace_dir,
-    temp_sibling,
+from cpu_dist.common.bundle_link import (
+    bundle_path,
+    check_bundle_dir,
+    current_version,
+    new_version,
+    publish,
 )
+from cpu_dist.common.files import EXPORT_FORMAT, atomic_write, file_crc32, is_export_bundle
 from cpu_dist.common.tables import categorical_names
 from cpu_dist.serving.errors import BundleError
 from cpu_dist.serving.model_record import (
@@ -117,7 +116,7 @@ def check_bundle_output(out: str | os.PathLike, flag: str) -> None:
     in it), else BundleError naming ``flag``; replacing another kind of directory (converted
     data, a checkpoint) would destroy it."""
     try:
-        check_output_dir(out, flag, "an export bundle", is_export_bundle)
+        check_bundle_dir(out, flag)
     except ValueError as exc:
         raise BundleError(str(exc)) from None
 
@@ -139,20 +138,21 @@ class BundleWriter:
     by key into its ``rows.npy`` through a memory map, so memory stays at 16 bytes per row
     (keys, order) of the biggest table.
 
-    Everything is written into a hidden directory beside ``out`` and renamed into place at the
-    end, so ``out`` is never half a bundle; an ``out`` that is not empty or an earlier bundle
-    is refused before anything is written (and again before the rename)."""
+    Everything is written into a new hidden version directory beside ``out``, and ``out``, a
+    link, is swapped to it at the end (``common.bundle_link.publish``), so ``out`` is the old
+    bundle or the new one at any moment, never half of one; an ``out`` that is not empty or an
+    earlier bundle is refused before anything is written (and again before the swap)."""
 
     def __init__(self, out: Path, tables: list[TableInfo], flag: str = "export") -> None:
-        out = Path(os.path.abspath(out))
         check_bundle_output(out, flag)
+        out = bundle_path(out)
         names = [t.name for t in tables]
         for name in names:
             check_table_name(name)
         if len(set(names)) != len(names) or not names:
             raise BundleError(f"tables {names}: need one or more, each named once")
         self.final, self.tables = out, {t.name: t for t in tables}
-        self.out = temp_sibling(out)
+        self.out = new_version(out)
         self._keys: dict[str, np.ndarray] = {}
         self._scratch: dict[str, np.ndarray] = {}
         self.filled = dict.fromkeys(names, 0)
@@ -248,7 +248,7 @@ class BundleWriter:
         text = json.dumps(manifest, indent=1, sort_keys=True)
         atomic_write(self.out / MANIFEST, lambda f: f.write(text.encode()))
         try:
-            replace_dir(self.out, self.final, is_export_bundle)
+            publish(self.out, self.final, is_export_bundle)
         except ValueError as exc:
             raise BundleError(str(exc)) from None
 
@@ -367,8 +367,9 @@ def _legacy_tables(m: dict[str, Any], spec: ModelSpec) -> list[TableInfo]:
 
 def open_bundle(path: str | Path, check: bool = True) -> Bundle:
     """Reads the manifest and the dense state, maps every table's rows; ``check`` verifies
-    every file's size and crc32 first."""
-    path = Path(path)
+    every file's size and crc32 first.  A bundle path that is the export's link is followed
+    once: every file is read from the one version it names then."""
+    path = current_version(path)
     m = _read_manifest(path)
     _check_files(path, m, check)
     where = f"bundle {path / MANIFEST}"
