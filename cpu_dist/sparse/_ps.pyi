@@ -161,7 +161,10 @@ class Server:
     # Test-only (csrc/test_hooks.h), on a server made with test_hooks=True (else
     # RuntimeError); points: "pull_between_stripes" (a pull's gather after its first stripe),
     # "save_frozen" (a Save with the table frozen), "decode_reserved" (a compressed request,
-    # its decoded bytes counted, before decoding).  A thread holds at most 60 s.
+    # its decoded bytes counted, before decoding), "step_locked" (a committed step's apply,
+    # its tables' step locks taken, no row changed), "retry_deferred" (a Push or Commit that
+    # met a lock, on the thread that may wait, before it runs again).  A thread holds at most
+    # 60 s.
     def test_hold(self, point: str) -> None:
         """The next thread that reaches ``point`` holds there until test_release."""
     def test_wait_held(self, point: str, timeout_s: float = 10.0) -> bool:

@@ -227,6 +227,7 @@ grpc::ServerUnaryReactor* PsUnaryMethods::serve(grpc::CallbackServerContext* ctx
   Status st = service_.run(method, *req, resp, may_defer ? &deferred : nullptr);
   if (deferred) {
     retry_.post([this, method, req, resp, reactor] {
+      if (TestHooks* hooks = service_.test_hooks()) hooks->reach(TestPoint::kDeferredRetry);
       Status s = service_.run(method, *req, resp);
       service_.count(req, resp, s);
       reactor->Finish(std::move(s));

@@ -360,23 +360,36 @@ Status PsService::do_push(PushRequest& r, BB* resp, bool wait) {
   DecodeBudget budget(decoding_bytes_);  // until the push is applied
   PS_RETURN_IF_ERROR(decode_grads(enc, parts, r.keys(), r.mutable_grads(), "push", &budget));
   PS_RETURN_IF_ERROR(check_finite(parts, r.keys(), r.grads(), "push"));
+  // Each table's rows summed (keys unique), then every table at once: all or nothing across
+  // them, and a lock met at any table (WouldBlock, without wait) before any table changed, so
+  // the request's retry on a thread that may wait applies it once (push_tables, tables.h).
+  std::vector<RowAccumulator> sums;
+  sums.reserve(parts.size());
+  std::vector<StepUpdate> updates;
+  updates.reserve(parts.size());
   size_t updated = 0;
   const char* g = r.grads().data();
-  // Table after table (a push is no step: each table's part is all or nothing on its own).
   for (const Part& p : parts) {
     const uint32_t dim = p.table->dim();
-    RowAccumulator acc(dim);
+    RowAccumulator& acc = sums.emplace_back(dim);
     acc.reserve(p.count);
     acc.add(r.keys().data() + p.begin * sizeof(int64_t), g, p.count);
     g += p.count * dim * sizeof(float);
-    try {  // all or nothing (table.h); a full stripe is the caller's problem, not a crash
-      p.table->apply(acc.keys().data(), acc.sums().data(), acc.size(), p.lr, p.kind, wait);
-    } catch (const TableFull& e) {
-      return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
-    } catch (const std::bad_alloc&) {
-      return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory applying the push");
-    }
+    updates.push_back(
+        StepUpdate{p.table, acc.keys().data(), acc.sums().data(), acc.size(), p.lr, p.kind});
     updated += acc.size();
+  }
+  try {  // all or nothing (table.h); a full stripe is the caller's problem, not a crash
+    if (updates.size() == 1) {
+      const StepUpdate& u = updates[0];
+      u.table->apply(u.keys, u.grads, u.n, u.lr, u.optimizer, wait);
+    } else {
+      push_tables(updates, wait);
+    }
+  } catch (const TableFull& e) {
+    return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory applying the push");
   }
   counters_.push_calls.fetch_add(1, std::memory_order_relaxed);
   counters_.push_keys.fetch_add(n, std::memory_order_relaxed);

@@ -380,16 +380,9 @@ void ShardTable::gather_impl(const int64_t* keys, size_t n, void* out_bytes, voi
 
 void ShardTable::apply(const int64_t* keys, const float* grads, size_t n, float lr,
                        OptimizerKind opt, bool wait) {
-  std::optional<TierError> after;
-  if (serial_) {
-    std::unique_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);
-    lock_or_would_block(writer, wait);  // waits while frozen
-    after = apply_locked(keys, grads, n, lr, opt, nullptr);
-  } else {
-    std::shared_lock<std::shared_mutex> writer(update_mu_, std::defer_lock);
-    lock_or_would_block(writer, wait);  // waits while frozen
-    after = apply_locked(keys, grads, n, lr, opt, nullptr);
-  }
+  PushLock writer = push_lock();
+  writer.lock(wait);  // waits while frozen
+  const std::optional<TierError> after = apply_locked(keys, grads, n, lr, opt, nullptr);
   if (after)
     throw AppliedThenFailed(absl::StrCat("the push was applied, then the SSD tier failed evicting "
                                          "its rows (the DRAM tier is over its budget): ",

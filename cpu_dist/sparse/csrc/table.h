@@ -156,6 +156,30 @@ class ShardTable {
   void apply(const int64_t* keys, const float* grads, size_t n, float lr, OptimizerKind opt,
              bool wait = true);
 
+  // A push over several tables (push_tables, tables.h) takes every table's push lock, in name
+  // order, before it changes any table (with wait false: WouldBlock, nothing changed), then
+  // runs each table's two halves below.  A push holds the update lock exclusively on a
+  // serial table (tiers or rules: its passes move rows between tiers and count keys), shared
+  // otherwise, so that pushes of several workers to a DRAM table run side by side.
+  class PushLock {
+   public:
+    PushLock(std::shared_mutex& mu, bool exclusive)
+        : exclusive_(exclusive), unique_(mu, std::defer_lock), shared_(mu, std::defer_lock) {}
+    void lock(bool wait) {
+      if (exclusive_) {
+        lock_or_would_block(unique_, wait);
+      } else {
+        lock_or_would_block(shared_, wait);
+      }
+    }
+
+   private:
+    bool exclusive_;
+    std::unique_lock<std::shared_mutex> unique_;
+    std::shared_lock<std::shared_mutex> shared_;
+  };
+  PushLock push_lock() const { return PushLock(update_mu_, serial_); }
+
   // A committed step at job step `step`: the step rules (table_rules.h) around an apply.  The
   // apply is all or nothing as above; expiry runs after it.  An SSD failure after the rows
   // were applied (expiry's drops, or evicting what the step brought in) throws
@@ -190,6 +214,15 @@ class ShardTable {
                                       OptimizerKind opt, int64_t step, bool write_ahead);
   StepResult finish_step_locked(PreparedStep& p);
   void cancel_step_locked(PreparedStep& p);
+  // A push's two halves under its push lock: prepare (pass 1, as apply's, but writing nothing
+  // to the SSD tier ahead: another table's pass 1 may still fail), then finish (pass 2: the
+  // SSD failure of an eviction after the rows changed, if any, as apply_locked returns it) or
+  // cancel (unpins; a serial table's first-touch rows go again, a shared push's stay: a
+  // concurrent push may have found them, and they read as the absent rows they replaced).
+  PreparedStepPtr prepare_push_locked(const int64_t* keys, const float* grads, size_t n, float lr,
+                                      OptimizerKind opt);
+  std::optional<TierError> finish_push_locked(PreparedStep& p);
+  void cancel_push_locked(PreparedStep& p);
 
   // Calls fn(key) for every row in DRAM, one stripe at a time under that stripe's lock (so
   // pulls and updates of other stripes go on).  fn must not call back into the table.
@@ -258,6 +291,9 @@ class ShardTable {
 
   // Test-only pause points (test_hooks.h); null (the default): none.
   void set_test_hooks(TestHooks* hooks) { hooks_ = hooks; }
+  void test_reach(TestPoint p) const {
+    if (hooks_ != nullptr) hooks_->reach(p);
+  }
 
   uint64_t rows() const;
   // What one row costs in DRAM under a byte budget (memory_budget.h): its slot (values, state,

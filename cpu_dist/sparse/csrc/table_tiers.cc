@@ -370,6 +370,7 @@ ShardTable::StepResult ShardTable::commit_step(const int64_t* keys, const float*
                                                bool wait) {
   std::unique_lock<std::shared_mutex> writer = step_lock();  // rules change here
   lock_or_would_block(writer, wait);
+  test_reach(TestPoint::kStepLocked);  // test-only (test_hooks.h)
   return commit_step_locked(keys, grads, n, lr, opt, step);
 }
 
@@ -395,6 +396,28 @@ ShardTable::PreparedStepPtr ShardTable::prepare_step_locked(const int64_t* keys,
   pass.ctx = &p->ctx;
   prepare_locked(pass, write_ahead);
   return p;
+}
+
+ShardTable::PreparedStepPtr ShardTable::prepare_push_locked(const int64_t* keys, const float* grads,
+                                                            size_t n, float lr, OptimizerKind opt) {
+  PreparedStepPtr p(new PreparedStep);
+  Pass& pass = p->pass;
+  pass.keys = keys;
+  pass.grads = grads;
+  pass.n = n;
+  pass.lr = lr;
+  pass.opt = opt;
+  prepare_locked(pass, false);  // pass.ctx null: a push, no step rules
+  return p;
+}
+
+std::optional<TierError> ShardTable::finish_push_locked(PreparedStep& p) {
+  return finish_locked(p.pass);
+}
+
+void ShardTable::cancel_push_locked(PreparedStep& p) {
+  // As prepare_locked's own failure path: only a push that holds the lock alone drops its rows.
+  if (serial_) unpin(p.pass.starts, p.pass.slots, &p.pass.fresh);
 }
 
 void ShardTable::cancel_step_locked(PreparedStep& p) {

@@ -280,6 +280,7 @@ void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bo
     locks.push_back(u->table->step_lock());
     lock_or_would_block(locks.back(), wait);  // a throw unlocks the ones taken
   }
+  order[0]->table->test_reach(TestPoint::kStepLocked);  // test-only (test_hooks.h)
   const std::vector<int> lane = deal(order);
   // Pass 1 of every table (rows resident and pinned); any failure cancels the tables prepared,
   // so that no table takes the step; the first failure in name order of those tried is thrown.
@@ -309,6 +310,42 @@ void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bo
           absl::StrCat("table '", order[i]->table->spec().name, "': ", e.what()), e.no_space());
     }
   }
+}
+
+void push_tables(const std::vector<StepUpdate>& updates, bool wait) {
+  std::vector<const StepUpdate*> order;
+  order.reserve(updates.size());
+  for (const StepUpdate& u : updates) order.push_back(&u);
+  std::sort(order.begin(), order.end(), [](const StepUpdate* a, const StepUpdate* b) {
+    return a->table->spec().name < b->table->spec().name;
+  });
+  std::vector<ShardTable::PushLock> locks;
+  locks.reserve(order.size());
+  for (const StepUpdate* u : order) {
+    locks.push_back(u->table->push_lock());
+    locks.back().lock(wait);  // a throw unlocks the ones taken
+  }
+  std::vector<ShardTable::PreparedStepPtr> prepared;
+  prepared.reserve(order.size());
+  try {
+    for (const StepUpdate* u : order)
+      prepared.push_back(
+          u->table->prepare_push_locked(u->keys, u->grads, u->n, u->lr, u->optimizer));
+  } catch (...) {
+    for (size_t i = 0; i < prepared.size(); ++i) order[i]->table->cancel_push_locked(*prepared[i]);
+    throw;
+  }
+  std::optional<AppliedThenFailed> after;  // the first table whose eviction failed
+  for (size_t i = 0; i < order.size(); ++i) {
+    const std::optional<TierError> e = order[i]->table->finish_push_locked(*prepared[i]);
+    if (e && !after)
+      after.emplace(absl::StrCat("table '", order[i]->table->spec().name,
+                                 "': the push was applied, then the SSD tier failed evicting its "
+                                 "rows (the DRAM tier is over its budget): ",
+                                 e->what()),
+                    e->no_space());
+  }
+  if (after) throw *after;
 }
 
 int64_t ShardTables::max_step() const {

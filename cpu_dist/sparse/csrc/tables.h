@@ -38,7 +38,8 @@ struct TablesOptions {
   TierOptions tiers;  // each table's (ssd_name gets the table's index appended)
 };
 
-// One table's share of a committed step: its summed rows (keys unique) and its lr, optimizer.
+// One table's share of a committed step or of a push: its summed rows (keys unique) and its
+// lr, optimizer.
 struct StepUpdate {
   ShardTable* table = nullptr;
   const int64_t* keys = nullptr;
@@ -58,6 +59,16 @@ struct StepUpdate {
 // table, the session fails), as for one table.  A large step over DRAM-only tables runs each
 // pass on two threads, each table wholly on one (tables.cc: kTwoThreadRows).
 void commit_tables_step(const std::vector<StepUpdate>& updates, int64_t step, bool wait);
+
+// Applies a push over several tables (no step: no step rules), all or nothing across them, as
+// commit_tables_step does a step: every table's push lock first, in name order (with wait
+// false: WouldBlock, nothing changed, when one is taken), then every table's pass 1; a failure
+// there cancels the tables prepared before it and leaves every table unchanged; then every
+// pass 2.  An SSD failure while evicting after the rows changed throws AppliedThenFailed naming
+// the table (the push is in every table).  Before this a push applied its tables one after the
+// other, and a lock met at the second table re-ran the whole push on a thread that may wait:
+// the first table took the push twice.
+void push_tables(const std::vector<StepUpdate>& updates, bool wait);
 
 class ShardTables {
  public:

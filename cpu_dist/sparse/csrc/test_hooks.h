@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace cpu_dist::ps {
 
@@ -20,15 +21,30 @@ enum class TestPoint : size_t {
   kPullBetweenStripes,  // a pull's gather, after its first stripe, no lock held
   kSaveFrozen,          // a Save, with the table frozen (updates wait), before it writes
   kDecodeReserved,      // a compressed request, its decoded bytes reserved, before decoding
+  kStepLocked,          // a committed step's apply, its tables' step locks taken, no row changed
+  kDeferredRetry,       // a Push or Commit that met a lock, on the thread that may wait, before
+                        // it runs again from its request
 };
-inline constexpr size_t kNumTestPoints = 3;
+// The names a test gives the points, in TestPoint's order: the one list of them.
+inline constexpr std::array<std::string_view, 5> kTestPointNames = {
+    "pull_between_stripes", "save_frozen", "decode_reserved", "step_locked", "retry_deferred"};
+inline constexpr size_t kNumTestPoints = kTestPointNames.size();
 
-// The point a test names ("pull_between_stripes", "save_frozen", "decode_reserved"), if any.
-inline std::optional<TestPoint> test_point_of(const std::string& name) {
-  if (name == "pull_between_stripes") return TestPoint::kPullBetweenStripes;
-  if (name == "save_frozen") return TestPoint::kSaveFrozen;
-  if (name == "decode_reserved") return TestPoint::kDecodeReserved;
+// The point a test names, if any.
+inline std::optional<TestPoint> test_point_of(std::string_view name) {
+  for (size_t i = 0; i < kNumTestPoints; ++i)
+    if (kTestPointNames[i] == name) return static_cast<TestPoint>(i);
   return std::nullopt;
+}
+
+// "pull_between_stripes, save_frozen, ...": for the message refusing an unknown name.
+inline std::string test_point_list() {
+  std::string out;
+  for (std::string_view n : kTestPointNames) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
 }
 
 class TestHooks {

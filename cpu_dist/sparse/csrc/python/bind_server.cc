@@ -50,8 +50,7 @@ ps::ShardTableSpec shard_spec(const py::handle& obj, size_t index) {
 std::pair<ps::TestHooks*, ps::TestPoint> hook_at(PsServer& s, const std::string& point) {
   const std::optional<ps::TestPoint> p = ps::test_point_of(point);
   if (!p)
-    throw py::value_error("unknown test point '" + point +
-                          "' (pull_between_stripes, save_frozen, decode_reserved)");
+    throw py::value_error("unknown test point '" + point + "' (" + ps::test_point_list() + ")");
   ps::TestHooks* hooks = s.test_hooks();
   if (hooks == nullptr) throw std::runtime_error("this server was not made with test_hooks=True");
   return {hooks, *p};
