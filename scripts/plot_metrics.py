@@ -3,17 +3,20 @@
 
     python scripts/plot_metrics.py RUN.jsonl -o OUT.png
 
-Reads the layout of cpu_dist/train/metrics.py: step lines carry "loss" (and "samples_per_s",
-"t_<phase>" cumulative seconds), eval lines carry "eval_auc", a final line "summary". The
-phase panel shows seconds per step in each window between logged steps, stacked.
+Reads the layout of cpu_dist/train/metrics.py (through cpu_dist.common.metrics_log, which
+skips the log's header line): step lines carry "loss" (and "samples_per_s", "t_<phase>"
+cumulative seconds), eval lines carry "eval_auc", a final line "summary". The phase panel
+shows seconds per step in each window between logged steps, stacked.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cpu_dist.common.metrics_log import MetricsLogError, read_records
 
 
 class MetricsFileError(ValueError):
@@ -26,20 +29,15 @@ def read_metrics(path: str | Path) -> tuple[list[dict], list[dict]]:
     if not p.is_file():
         raise MetricsFileError(f"{p}: no such file")
     steps, evals = [], []
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise MetricsFileError(f"{p}:{n}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise MetricsFileError(f"{p}:{n}: expected a JSON object")
-            if "loss" in rec and "step" in rec:
-                steps.append(rec)
-            elif "eval_auc" in rec and "step" in rec:
-                evals.append(rec)
+    try:
+        records = read_records(p)
+    except MetricsLogError as e:
+        raise MetricsFileError(str(e)) from None
+    for rec in records:
+        if "loss" in rec and "step" in rec:
+            steps.append(rec)
+        elif "eval_auc" in rec and "step" in rec:
+            evals.append(rec)
     if not steps and not evals:
         raise MetricsFileError(f"{p}: no step or eval lines (empty file?)")
     return steps, evals

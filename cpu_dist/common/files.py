@@ -162,15 +162,19 @@ def is_tensorboard_dir(path: Path) -> bool:
 
 
 def is_metrics_log(path: Path) -> bool:
-    """A JSON-lines metrics log: its first line is an object with ``step`` or ``summary``."""
+    """A JSON-lines metrics log: its first line is a log's header
+    (``cpu_dist.common.metrics_log``) or, in a log of an older version, an object with
+    ``step`` or ``summary``."""
     import json
+
+    from cpu_dist.common.metrics_log import is_header
 
     try:
         with open(path, encoding="utf-8") as f:
             first = json.loads(f.readline(1 << 20))
     except (OSError, ValueError):
         return False
-    return isinstance(first, dict) and ("step" in first or "summary" in first)
+    return is_header(first) or (isinstance(first, dict) and ("step" in first or "summary" in first))
 
 
 def is_state_dump(path: Path) -> bool:

@@ -23,7 +23,13 @@ class RunLength:
     steps: int
     why: str  # for the line the job prints at the start
 
-    def describe(self) -> str:
+    def describe(self, start: int = 0) -> str:
+        """The start line; a run resumed after ``start`` steps says what remains."""
+        if start > 0:
+            return (
+                f"resuming at step {start:,}: training {self.steps - start:,} more steps "
+                f"(to step {self.steps:,}): {self.why}"
+            )
         return f"training {self.steps:,} steps: {self.why}"
 
 

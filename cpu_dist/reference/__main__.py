@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +24,7 @@ from cpu_dist.models.factory import ModelError
 from cpu_dist.models.scoring import evaluate
 from cpu_dist.reference import ReferenceTrainer
 from cpu_dist.train.dump import write_dump
+from cpu_dist.train.metrics import append_record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,8 +66,7 @@ def _run(argv: Sequence[str] | None) -> int:
     if out.dump_state:
         write_dump(out.dump_state, trainer.dump())
     if out.metrics_out:
-        with open(out.metrics_out, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"summary": summary}) + "\n")
+        append_record(out.metrics_out, {"summary": summary}, run_id=secrets.token_hex(8))
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -147,6 +147,8 @@ class Worker:
         self.log = metrics.RunLog(  # (which leaves the earlier run's logs as they are)
             cfg.output.metrics_out if self.chief and not self.done else None,
             cfg.output.tensorboard if self.chief and not self.done else None,
+            run_id=self.checkpointer.run_id,  # a resumed run continues its log
+            resume_at=self.start or None,
         )
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         if self._warming is not None:
@@ -299,7 +301,7 @@ class Worker:
             self._nothing_to_do(stop_shards)
             return False
         if self.chief:
-            print(f"cpu_dist: {self.length.describe()}", flush=True)
+            print(f"cpu_dist: {self.length.describe(self.start)}", flush=True)
         bar = metrics.progress(
             cfg.train.max_step, enabled=self.chief and cfg.output.progress, initial=self.start
         )

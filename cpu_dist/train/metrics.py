@@ -1,8 +1,11 @@
 """Run metrics: JSON-lines logs, held-out AUC/log loss, summary tables.
 
 JSON-lines layout (one object per line, flushed as written, so a crashed run keeps its log
-and ``scripts/plot_metrics.py`` can plot a run that is still going):
+and ``scripts/plot_metrics.py`` can plot a run that is still going), read back with
+``cpu_dist.common.metrics_log.read_records``:
 
+- the header, first: ``{"cpu_dist_log": 1, "run": ID}``, the run id its checkpoints record
+  (``cpu_dist.common.metrics_log``; logs of older versions have none);
 - step lines: ``step``, ``loss``, ``samples_per_s``, ``t_<phase>`` (seconds spent in that
   phase since the start of the run, cumulative, as ``cpu_dist.common.timing.PhaseTimer``
   gives them),
@@ -13,6 +16,12 @@ and ``scripts/plot_metrics.py`` can plot a run that is still going):
 - a final ``{"summary": {...}}`` line; its ``tables`` object holds each embedding table's
   figures summed over the shards (:data:`TABLE_FIGURES`, :func:`per_table_figures`) beside the
   ``ps_*`` totals.
+
+A log is replaced only at its run's first record (:class:`JsonLinesWriter`), so a job that
+fails at start leaves an earlier log whole.  ``--resume`` continues its run's log
+(:func:`resumed_lines`): the lines past the checkpoint's step, and the summary, are dropped
+and the run appends to the rest, so every step appears once; a log of another run is refused
+at start (:func:`check_resume_log`, from the preflight).
 """
 
 from __future__ import annotations
@@ -20,11 +29,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
+
+from cpu_dist.common.files import OutputError
+from cpu_dist.common.metrics_log import MetricsLog, MetricsLogError, header, read_log, read_records
+
+if TYPE_CHECKING:
+    from cpu_dist.common.config import Config
 
 
 def _jsonable(value: Any) -> Any:
@@ -45,31 +62,71 @@ def _jsonable(value: Any) -> Any:
 def read_summary(path: str | os.PathLike) -> dict[str, Any]:
     """The ``{"summary": ...}`` record of a finished run's JSON-lines log (the last one), for
     the benchmarks and tests that read what a job reported."""
-    with open(path, encoding="utf-8") as f:
-        found = [json.loads(x)["summary"] for x in f if x.startswith('{"summary"')]
+    found = [r["summary"] for r in read_records(path) if "summary" in r]
     if not found:
         raise ValueError(f"{path}: no summary line (the run did not finish)")
     return found[-1]
 
 
-class JsonLinesWriter:
-    """One JSON object per line, flushed after each, so the file is always readable."""
+def json_line(record: Mapping[str, Any]) -> str:
+    """A record as one line of a log (numpy values made plain, NaN and inf null)."""
+    return json.dumps(_jsonable(record), allow_nan=False) + "\n"
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        path = os.fspath(path)
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        self.path = path
-        self._fh: IO[str] | None = open(path, "w", encoding="utf-8")
+
+def append_record(path: str | os.PathLike, record: Mapping[str, Any], run_id: str) -> None:
+    """One record added at the end of the log at ``path`` (a program that reports once, as
+    the single-process reference); a missing or empty log starts with the header of
+    ``run_id``."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write((json_line(header(run_id)) if f.tell() == 0 else "") + json_line(record))
+
+
+class JsonLinesWriter:
+    """One JSON object per line, flushed after each, so the file is always readable.
+
+    The file is made at the first record, not before: ``start`` (a header, and the lines a
+    resumed run keeps of its log) and that record go to a temporary sibling, fsynced, which
+    then replaces ``path``.  A job that fails before its first record leaves the file that
+    was there untouched, and a crash during the rewrite leaves it whole."""
+
+    def __init__(self, path: str | os.PathLike, start: Sequence[str] = ()) -> None:
+        self.path = os.fspath(path)
+        self._start = list(start)
+        self._fh: IO[str] | None = None
+        self._closed = False
 
     def write(self, record: Mapping[str, Any]) -> None:
-        if self._fh is None:
+        if self._closed:
             raise ValueError(f"{self.path} is closed")
-        self._fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
+        line = json_line(record)
+        if self._fh is None:
+            self._fh = self._replace([*self._start, line])
+            return
+        self._fh.write(line)
         self._fh.flush()
 
+    def _replace(self, lines: list[str]) -> IO[str]:
+        """``lines`` written to a temporary sibling that then replaces ``path``; the open
+        file, for the records after them."""
+        parent = os.path.dirname(self.path) or "."
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp-{secrets.token_hex(4)}")
+        # (os.open, not mkstemp: the log gets the umask's mode, as open() would give it)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fh = os.fdopen(fd, "w", encoding="utf-8")
+        try:
+            fh.writelines(lines)
+            fh.flush()
+            os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            fh.close()
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return fh
+
     def close(self) -> None:
+        self._closed = True
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -85,9 +142,11 @@ class TensorBoardWriter:
     """Scalars to TensorBoard when ``torch.utils.tensorboard`` can be imported, else nothing.
 
     TensorBoard is optional (it pulls in a large package); a run must not fail for lack of it.
+    ``purge_step`` (a resumed run: the first step it logs): TensorBoard drops the run's
+    earlier events at or past it, as the JSON-lines log drops its lines.
     """
 
-    def __init__(self, logdir: str | os.PathLike) -> None:
+    def __init__(self, logdir: str | os.PathLike, purge_step: int | None = None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except Exception as exc:
@@ -101,7 +160,7 @@ class TensorBoardWriter:
             )
             self._writer = None
         else:
-            self._writer = SummaryWriter(os.fspath(logdir))
+            self._writer = SummaryWriter(os.fspath(logdir), purge_step=purge_step)
 
     @property
     def available(self) -> bool:
@@ -125,17 +184,91 @@ class TensorBoardWriter:
             self._writer = None
 
 
+def record_step(record: Mapping[str, Any]) -> int | None:
+    """The step a record belongs to: its ``step``; None for other records."""
+    step = record.get("step")
+    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
+
+
+def log_to_resume(path: str | os.PathLike, run_id: str) -> MetricsLog | None:
+    """The log at ``path`` that a resume of run ``run_id`` continues: None when there is none
+    (missing or empty).  OutputError, naming ``--metrics-out``, the file and both runs, when
+    it is another run's (a log without a header, of an older version, is taken), or when a
+    line of it is not JSON."""
+    try:
+        if os.path.getsize(path) == 0:
+            return None
+        log = read_log(path)
+    except FileNotFoundError:
+        return None
+    except MetricsLogError as exc:
+        raise OutputError(f"--metrics-out {exc}: cannot continue this log") from None
+    except OSError as exc:
+        raise OutputError(f"--metrics-out {os.fspath(path)}: {exc.strerror}") from None
+    if log.run is not None and log.run != run_id:
+        raise OutputError(
+            f"--metrics-out {os.fspath(path)}: is the log of run {log.run}, not of run "
+            f"{run_id} that --resume continues; give another --metrics-out (or remove the "
+            "file yourself)"
+        )
+    return log
+
+
+def resumed_lines(path: str | os.PathLike, run_id: str, step: int) -> list[str]:
+    """The lines a run resumed after ``step`` steps starts its log with: its header, then
+    the records of its log (:func:`log_to_resume`) up to ``step`` as they were written.
+    Records past ``step`` (written after the checkpoint, which the run does again) and the
+    summary (the run has not ended) are dropped, so no step appears twice."""
+    log = log_to_resume(path, run_id)
+    kept = []
+    if log is not None:
+        for record, line in zip(log.records, log.lines):
+            at = record_step(record)
+            if "summary" not in record and (at is None or at <= step):
+                kept.append(line + "\n")
+    return [json_line(header(run_id)), *kept]
+
+
+def check_resume_log(cfg: Config) -> None:
+    """At start, before anything is written: a ``--resume`` from a checkpoint refuses a
+    ``--metrics-out`` log of another run (OutputError) instead of appending to it."""
+    out, ck = cfg.output.metrics_out, cfg.checkpoint
+    if not (out and ck.resume and ck.dir):
+        return
+    from cpu_dist.checkpoint.manifest import find_latest
+
+    latest = find_latest(Path(ck.dir).resolve())
+    if latest is not None and latest.run_id:
+        log_to_resume(out, latest.run_id)
+
+
 class RunLog:
     """The run's metric sinks: JSON lines at ``path`` and TensorBoard at ``tensorboard_dir``,
-    each optional (None: off), so non-chief ranks can hold a RunLog that writes nothing."""
+    each optional (None: off), so non-chief ranks can hold a RunLog that writes nothing.
+
+    ``run_id``: the log starts with its header.  ``resume_at``: the run resumed after that
+    many steps, and continues its log (:func:`resumed_lines`) and its TensorBoard run (whose
+    events past that step TensorBoard drops)."""
 
     def __init__(
         self,
         path: str | os.PathLike | None = None,
         tensorboard_dir: str | os.PathLike | None = None,
+        run_id: str | None = None,
+        resume_at: int | None = None,
     ) -> None:
-        self.jsonl = JsonLinesWriter(path) if path else None
-        self.tensorboard = TensorBoardWriter(tensorboard_dir) if tensorboard_dir else None
+        start: list[str] = []
+        if path and run_id is not None:
+            start = (
+                [json_line(header(run_id))]
+                if resume_at is None
+                else resumed_lines(path, run_id, resume_at)
+            )
+        self.jsonl = JsonLinesWriter(path, start) if path else None
+        purge = None if resume_at is None else resume_at + 1
+        self.tensorboard = (
+            TensorBoardWriter(tensorboard_dir, purge_step=purge) if tensorboard_dir else None
+        )
 
     def write(self, record: Mapping[str, Any]) -> None:
         if self.jsonl is not None:

@@ -16,8 +16,10 @@ from cpu_dist.checkpoint.coordinator import checkpoint_to_resume
 from cpu_dist.checkpoint.manifest import CheckpointError, find_latest
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
+from cpu_dist.common.files import OutputError
 from cpu_dist.common.mpi_context import JobError, Roles
 from cpu_dist.sparse import Client, PSError
+from cpu_dist.train.metrics import check_resume_log
 
 if TYPE_CHECKING:
     from cpu_dist.sparse._ps import TableSpec
@@ -189,11 +191,12 @@ def preflight(cfg: Config, roles: Roles, token: str) -> None:
     if roles.rank == 0:
         try:
             check_checkpoint_dir(cfg)
+            check_resume_log(cfg)  # --resume continues its own run's --metrics-out only
             if cfg.job.external_shards:
                 check_external_shards(cfg, token)
                 check_external_checkpoint_dirs(cfg, token)
                 create_job_tables(cfg, token)  # last: nothing is created for a job refused
-        except SetupError as exc:
+        except (SetupError, OutputError) as exc:
             verdict = str(exc)
     verdict = roles.world.bcast(verdict, root=0)
     if verdict is not None:

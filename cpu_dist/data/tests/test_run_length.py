@@ -35,6 +35,11 @@ def test_file_data_trains_one_epoch_by_default_and_says_so(tsv):
     assert "--epochs 1 x 9 steps per epoch (900 training rows" in got.describe()
 
 
+def test_a_resumed_run_says_what_remains(tsv):
+    got = length(tsv, epochs=3).describe(start=4)
+    assert got.startswith("resuming at step 4: training 23 more steps (to step 27): --epochs 3")
+
+
 def test_epochs_bound_the_run_without_max_step(tsv):
     assert length(tsv, epochs=3).steps == 27
 

@@ -17,6 +17,7 @@ import torch
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE, row_init
 from cpu_dist.common.flags import parse_args
+from cpu_dist.common.metrics_log import read_log, read_records
 from cpu_dist.common.tables import categorical_names
 from cpu_dist.common.validate import validate
 from cpu_dist.data import Batch, SyntheticCriteo
@@ -377,7 +378,8 @@ def test_python_m_cpu_dist_reference_writes_the_jobs_dump_and_summary(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 3 and np.isfinite(summary["loss"])
     assert summary["eval_samples"] == 16 and 0 <= summary["eval_auc"] <= 1  # one batch
-    assert json.loads(metrics.read_text().splitlines()[-1]) == {"summary": summary}
+    assert read_records(metrics) == [{"summary": summary}]  # after the log's header
+    assert read_log(metrics).run
     want = train_reference(validate(parse_args(CLI), 3), steps=3)
     with np.load(dump) as got:
         assert set(got.files) == set(want)

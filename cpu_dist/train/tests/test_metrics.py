@@ -2,11 +2,15 @@
 
 import json
 import math
+from types import SimpleNamespace
+from unittest.mock import patch
 
 import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
+from cpu_dist.common.files import OutputError
+from cpu_dist.common.metrics_log import header
 from cpu_dist.models.scoring import evaluate
 from cpu_dist.train import metrics
 from cpu_dist.train.metrics import (
@@ -169,3 +173,124 @@ def test_ps_apply_ms_is_the_mean_over_every_shard_s_applied_steps():
     assert got["ps_apply_ms"] == 40_000_000 / 40 / 1e6  # 1.0: not the shards' means' mean (2.17)
     # no commit applied (pushes only, or an older shard without the fields): no figure
     assert "ps_apply_ms" not in metrics.table_figures([{"rows": 1}], tiered=False, rules=False)
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _old_log(path, run: str | None) -> str:
+    """A log of ``run`` (None: of an older version, no header) that ran 12 steps."""
+    records = [
+        *([header(run)] if run is not None else []),
+        {"step": 5, "loss": 0.5},
+        {"step": 10, "loss": 0.4},
+        {"step": 10, "eval_auc": 0.6},
+        {"step": 12, "loss": 0.3},
+        {"step": 12, "eval_auc": 0.7},
+        {"summary": {"steps": 12}},
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    path.write_text(text)
+    return text
+
+
+def test_a_fresh_log_replaces_an_old_one_only_at_its_first_record(tmp_path, monkeypatch):
+    path = tmp_path / "m.jsonl"
+    old = _old_log(path, "before")
+    with RunLog(path, run_id="new"):  # a job that fails before its first record
+        pass
+    assert path.read_text() == old
+    log = RunLog(path, run_id="new")
+    monkeypatch.setattr(metrics.os, "replace", _fail)  # a crash during the rewrite
+    with pytest.raises(OSError, match="disk gone"):
+        log.write({"step": 1, "loss": 0.9})
+    monkeypatch.undo()
+    assert path.read_text() == old and sorted(tmp_path.iterdir()) == [path]  # no temp left
+    with RunLog(path, run_id="new") as log:
+        log.write({"step": 1, "loss": 0.9})
+        log.write({"step": 2, "loss": 0.8})
+    assert _lines(path) == [
+        {"cpu_dist_log": 1, "run": "new"},
+        {"step": 1, "loss": 0.9},
+        {"step": 2, "loss": 0.8},
+    ]
+
+
+def _fail(*_args: object) -> None:
+    raise OSError("disk gone")
+
+
+@pytest.mark.parametrize("run", ["r1", None])
+def test_a_resumed_log_keeps_its_lines_up_to_the_checkpoint_and_appends(tmp_path, run):
+    """Resumed after 10 steps: the lines of steps 11 and 12 and the summary are dropped (the
+    run does those steps again), the rest kept as written; a header-less log (an older
+    version's) is taken and gets the run's header."""
+    path = tmp_path / "m.jsonl"
+    old = _old_log(path, run)
+    with RunLog(path, run_id="r1", resume_at=10):
+        pass
+    assert path.read_text() == old  # untouched until the first record
+    with RunLog(path, run_id="r1", resume_at=10) as log:
+        log.write({"step": 11, "loss": 0.35})
+        log.write({"summary": {"steps": 11}})
+    got = _lines(path)
+    assert got[0] == {"cpu_dist_log": 1, "run": "r1"}
+    assert [(r.get("step"), "loss" in r) for r in got[1:-1]] == [
+        (5, True),
+        (10, True),
+        (10, False),
+        (11, True),
+    ]
+    assert got[-1] == {"summary": {"steps": 11}}
+    kept = [x for x in old.splitlines() if '"cpu_dist_log"' not in x][:3]
+    assert path.read_text().splitlines()[1:4] == kept  # byte for byte
+
+
+def test_a_resume_refuses_another_runs_log_naming_the_flag_file_and_runs(tmp_path):
+    path = tmp_path / "m.jsonl"
+    old = _old_log(path, "other")
+    want = rf"--metrics-out {path}: is the log of run other, not of run mine"
+    with pytest.raises(OutputError, match=want):
+        RunLog(path, run_id="mine", resume_at=10)
+    ck = SimpleNamespace(resume=True, dir=str(tmp_path / "ck"))
+    cfg = SimpleNamespace(output=SimpleNamespace(metrics_out=str(path)), checkpoint=ck)
+    latest = SimpleNamespace(run_id="mine")
+    with patch("cpu_dist.checkpoint.manifest.find_latest", return_value=latest):
+        with pytest.raises(OutputError, match=want):
+            metrics.check_resume_log(cfg)  # the preflight's check, before anything starts
+        latest.run_id = "other"
+        metrics.check_resume_log(cfg)
+    assert path.read_text() == old
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n')
+    with pytest.raises(OutputError, match=rf"--metrics-out {path}:2: not JSON"):
+        RunLog(path, run_id="mine", resume_at=10)
+
+
+def test_a_resumed_tensorboard_run_drops_its_events_past_the_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    with RunLog(None, tb) as log:
+        for step in range(1, 11):
+            log.write({"step": step, "loss": float(step)})
+    with RunLog(None, tb, run_id="r", resume_at=5) as log:
+        for step in range(6, 9):
+            log.write({"step": step, "loss": 100.0 + step})
+    events = EventAccumulator(str(tb))
+    events.Reload()
+    got = [(e.step, e.value) for e in events.Scalars("loss")]
+    assert got == [(s, float(s)) for s in range(1, 6)] + [(s, 100.0 + s) for s in range(6, 9)]
+
+
+def test_a_record_appended_to_a_new_log_follows_a_header(tmp_path):
+    path = tmp_path / "m.jsonl"
+    metrics.append_record(path, {"summary": {"steps": 3}}, run_id="ref")
+    metrics.append_record(path, {"summary": {"steps": 4}}, run_id="ref2")
+    assert _lines(path) == [
+        {"cpu_dist_log": 1, "run": "ref"},
+        {"summary": {"steps": 3}},
+        {"summary": {"steps": 4}},
+    ]
+    assert read_summary(path) == {"steps": 4}

@@ -20,7 +20,7 @@ def plot_metrics():
 
 
 def _run_file(tmp_path: Path) -> Path:
-    recs = []
+    recs: list[dict] = [{"cpu_dist_log": 1, "run": "r"}]  # the header: not a record
     for step in (10, 20, 30):
         recs.append(
             {
