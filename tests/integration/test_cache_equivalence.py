@@ -12,9 +12,9 @@ the CPU device.
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from cpu_dist.common.metrics_log import read_records
 
 from .launch import train
 from .test_equivalence import assert_same_model, reference
@@ -48,7 +48,7 @@ def _cached(tmp, name, workers, aggregation, prescan):
     if prescan:
         extra.append("--optimization-prescan")
     got = train(tmp, name, workers, 1, extra, env=VERIFY)
-    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    lines = read_records(metrics)
     return (
         got,
         [x for x in lines if "cache_lookups" in x and "summary" not in x],

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cpu_dist.common.metrics_log import read_log
+
 from .jobctl import Job
 from .launch import SMALL, mpirun, train
 
@@ -47,20 +49,31 @@ def plain16(tmp_path_factory):
 
 
 def test_resume_across_shard_counts_gives_the_same_bits(full, tmp_path):
-    d = tmp_path / "ck"
+    """... and one --metrics-out: each resume drops the lines its run does again (steps 11-12
+    and the summary, then 16) and appends, so the log holds every step once."""
+    d, log = tmp_path / "ck", ["--metrics-out", str(tmp_path / "m.jsonl")]
     # 1 shard: steps 0..11, checkpoints after steps 4 and 9 (and a resume stops at 9)
-    train(tmp_path, "a", 2, 1, [*OPT, "--max_step", "12", *ckpt(d, 5)])
+    train(tmp_path, "a", 2, 1, [*OPT, "--max_step", "12", *ckpt(d, 5), *log])
     assert steps_in(d) == [4, 9]
     # 3 shards: resume at step 10, run to 16, checkpoint after 14 (rows re-partitioned 1 -> 3)
-    train(tmp_path, "b", 2, 3, [*OPT, "--max_step", "16", "--resume", *ckpt(d, 5)])
+    train(tmp_path, "b", 2, 3, [*OPT, "--max_step", "16", "--resume", *ckpt(d, 5), *log])
     assert steps_in(d) == [9, 14]  # --checkpoint-keep 2
     manifest = json.loads((d / "step-00000015" / "manifest.json").read_text())  # 15 steps
     assert manifest["num_shards"] == 3 and len(manifest["shards"]) == 3
     # 1 shard again: resume at 15 (3 -> 1), run to 30
     got = train(
-        tmp_path, "c", 2, 1, [*OPT, "--max_step", "30", "--resume", "--checkpoint-dir", str(d)]
+        tmp_path,
+        "c",
+        2,
+        1,
+        [*OPT, "--max_step", "30", "--resume", "--checkpoint-dir", str(d), *log],
     )
     assert_bits_equal(got, full)
+    written = read_log(tmp_path / "m.jsonl")
+    assert written.run == manifest["run_id"]  # the header names the run, once, first
+    assert [r["step"] for r in written.records if "loss" in r] == [5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in written.records if "eval_auc" in r] == [30]
+    assert [r["summary"]["steps"] for r in written.records if "summary" in r] == [30]
 
 
 def test_resume_onto_another_dense_path_and_worker_count(full, tmp_path):

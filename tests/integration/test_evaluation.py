@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from cpu_dist.common.metrics_log import read_records
 from cpu_dist.data import make_dataset
 from cpu_dist.data.generate import write_file
 
@@ -30,7 +31,7 @@ def flags_without(flags: list[str], *names: str) -> list[str]:
 
 
 def lines(path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
+    return read_records(path)
 
 
 @pytest.fixture(scope="module")

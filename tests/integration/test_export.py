@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from cpu_dist.common.config import DataConfig
+from cpu_dist.common.metrics_log import read_records
 from cpu_dist.data import dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
 from cpu_dist.models.scoring import evaluate
@@ -52,8 +53,7 @@ def job(tmp_path_factory):
         ],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
-    final = [x for x in lines if "eval_auc" in x][-1]
+    final = [x for x in read_records(metrics) if "eval_auc" in x][-1]
     return tmp, bundle, ckpt, final
 
 
@@ -192,8 +192,7 @@ def tables_job(tmp_path_factory):
 
 
 def final_eval(metrics: Path) -> dict:
-    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
-    return [x for x in lines if "eval_auc" in x][-1]
+    return [x for x in read_records(metrics) if "eval_auc" in x][-1]
 
 
 def load_auc(bundle: Path, batches: int) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cpu_dist.checkpoint.manifest import step_dir_name, steps_done
+from cpu_dist.common.metrics_log import read_records
 
 from .launch import SMALL, with_flags
 from .test_slurm import TRAIN, TRAIN_TIMEOUT_S, Cluster, cluster, workdir  # noqa: F401 (fixtures)
@@ -121,10 +122,11 @@ def test_a_stopped_job_requeues_and_resumes_by_itself(cluster, workdir):  # noqa
     ((name, last),) = saved.items()
     done = steps_done(last)
     assert name == step_dir_name(done) and done < STEPS, (saved, text)
-    # the requeued run (its --metrics-out replaces the first's): it went on at the step after
-    # the checkpoint, not from the start, and did every step of the run
-    records = [json.loads(x) for x in (workdir / "m.jsonl").read_text().splitlines()]
+    # the requeued run went on at the step after the checkpoint, not from the start, said so,
+    # and continued the first's --metrics-out: every step of the run logged once
+    assert f"resuming at step {done:,}: training {STEPS - done:,} more steps" in text, text
+    records = read_records(workdir / "m.jsonl")
     steps = [r["step"] for r in records if "loss" in r]
-    assert steps == list(range(done + 1, STEPS + 1)), (steps[:3], steps[-3:], done)
+    assert steps == list(range(1, STEPS + 1)), (steps[:3], steps[-3:], done)
     summary = [r["summary"] for r in records if "summary" in r]
     assert summary and summary[-1]["steps"] == STEPS, summary
