@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from cpu_dist.common.job_file_checks import job_file_of
 from cpu_dist.common.parquet_schema import (
     ParquetColumns,
+    check_files,
     check_schema,
     parquet_files,
     read_schema,
@@ -101,7 +102,8 @@ def parquet_columns(
     a: argparse.Namespace, schema: ParquetSchema, features: tuple[str, ...] | None
 ) -> ParquetColumns:
     """The columns the job reads (``features``: the job file's tables', None: every integer
-    column), checked against the first file (every file is checked when the data opens)."""
+    column), checked against every file's footer (:func:`check_files`: columns, types and
+    weights as many as ids); the rows are checked as they are decoded."""
     first = parquet_files(a.data_path)[0]
     arrow = read_schema(first)
     missing = [f for f in schema.weights if features is not None and f not in features]
@@ -116,6 +118,7 @@ def parquet_columns(
         where=f"{first}: ",
     )
     check_schema(first, arrow, cols)
+    check_files(a.data_path, cols)  # every file's footer: before any rank trains
     if not cols.features:
         raise ValueError(
             f"{first}: no integer or list<int64> column to train on (a feature reads the "

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from cpu_dist.common.parquet_schema import (
     ParquetColumns,
     ParquetError,
+    check_file,
     check_schema,
     parquet_files,
     read_schema,
@@ -197,7 +198,7 @@ class ParquetData(FileDataset):
                 reader = pq.ParquetFile(f, memory_map=True)
             except (OSError, pa.ArrowException) as exc:
                 raise ParquetError(f"{f}: not a readable Parquet file: {exc}") from None
-            check_schema(f, reader.schema_arrow, columns)
+            check_file(f, columns, reader)
             meta = reader.metadata
             sizes, where = [], []
             for g in range(meta.num_row_groups):
@@ -284,7 +285,7 @@ class ParquetData(FileDataset):
             while reading.next <= c:
                 at = k - c + reading.next
                 lo, hi = int(bounds[at]), int(bounds[at + 1])
-                table = self._next_rows(file, g, reading, lo, hi - lo)
+                table = self._next_rows(file, g, reading, lo, hi - lo, self._culprit(i, g))
                 if (i, at) not in self._cache:
                     self._keep(i, at, self._convert(file, table, lo))
         except BaseException:
@@ -293,10 +294,32 @@ class ParquetData(FileDataset):
         if reading.next * self._slice_rows >= self._readers[i].metadata.row_group(g).num_rows:
             del self._reading[(i, g)]  # the group's last slice
 
+    def _culprit(self, i: int, g: int) -> Callable[[], str | None]:
+        """Which column of file ``i``'s row group ``g`` cannot be decoded: each the job reads,
+        decoded alone (called only once the group failed, so that the error names it)."""
+
+        def find() -> str | None:
+            for column in self._read:
+                try:
+                    self._readers[i].read_row_group(g, columns=[column], use_threads=False)
+                except (OSError, pa.ArrowException):
+                    return column
+            return None
+
+        return find
+
     @staticmethod
-    def _next_rows(file: Path, g: int, reading: _Reading, first: int, n: int) -> pa.Table:
+    def _next_rows(
+        file: Path,
+        g: int,
+        reading: _Reading,
+        first: int,
+        n: int,
+        culprit: Callable[[], str | None] = lambda: None,
+    ) -> pa.Table:
         """The next ``n`` rows of the group ``reading`` reads (``first``: the first's row in
-        the file), whatever sizes the batches pyarrow yields."""
+        the file), whatever sizes the batches pyarrow yields; a group that cannot be decoded
+        (a corrupt page) is a ParquetError naming the column ``culprit`` finds."""
         parts = [] if reading.rest is None else [reading.rest]
         have = sum(b.num_rows for b in parts)
         try:
@@ -310,7 +333,11 @@ class ParquetData(FileDataset):
                 "(its metadata's count)"
             ) from None
         except (OSError, pa.ArrowException) as exc:
-            raise ParquetError(f"{file}: row group {g} (rows {first}...): {exc}") from None
+            column = culprit()
+            where = f"column {column!r}: " if column is not None else ""
+            raise ParquetError(
+                f"{file}: {where}row group {g} (rows {first}...): cannot be decoded: {exc}"
+            ) from None
         last, extra = parts[-1], have - n
         parts[-1] = last.slice(0, last.num_rows - extra)
         reading.rest = last.slice(last.num_rows - extra) if extra else None

@@ -18,6 +18,7 @@ from cpu_dist.common.mpi_context import (
     share_job_secret,
 )
 from cpu_dist.common.threads import node_share, share_cores, yield_to_shards
+from cpu_dist.common.parquet_schema import ParquetError
 from cpu_dist.common.tokens import TokenError, external_token
 from cpu_dist.data.layout import LayoutError
 from cpu_dist.data.run_length import RunLengthError
@@ -29,14 +30,16 @@ from cpu_dist.train.preflight import SetupError, preflight
 
 # Failures a user can cause and fix, reported as one ``launcher.py: error:`` line with exit
 # code 2 (``run_or_abort``): a shard lost or refusing, a checkpoint or data file that cannot be
-# used, an output path refused, a bound that ran out, memory that cannot be had.  Anything else
-# is a bug and keeps its traceback.
+# used (a Parquet row group found bad mid-run too: the checkpoints written before it stay
+# valid), an output path refused, a bound that ran out, memory that cannot be had.  Anything
+# else is a bug and keeps its traceback.
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     PSError,
     CheckpointError,
     TokenError,
     CriteoFormatError,
     LayoutError,
+    ParquetError,  # type, null, lengths, a corrupt page: the file, the column (and the row)
     RunLengthError,
     NonFiniteLoss,
     BundleError,

@@ -5,8 +5,9 @@
   shard count;
 - Criteo with ``--multi-hot-sizes mlperf`` trains equal to the reference, and its Parquet
   conversion (``python -m cpu_dist.data.to_parquet``) gives the same bits;
-- a file that breaks in a row group the job reaches ends the job with a non-zero exit code and
-  a message naming the file, the column and the row."""
+- bad data ends the job with exit 2 and one line naming the file, the column and the row:
+  a later file's float id column before training, a row group the job reaches mid-run with
+  its checkpoints left valid."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cpu_dist.checkpoint.manifest import check_files, find_latest
 from cpu_dist.testing.parquet_files import DATA, TABLES, write_parquet
 
 from .job_files import three_tables
@@ -80,15 +82,44 @@ def test_multi_hot_criteo_equals_the_reference_and_its_parquet_conversion(tmp_pa
     assert one_hot["table/wide/keys"].size < want["table/wide/keys"].size
 
 
-def test_a_bad_row_group_ends_the_job_naming_the_file_column_and_row(tmp_path):
+def test_bad_data_ends_the_job_with_exit_2_and_one_line_naming_the_file_column_and_row(tmp_path):
+    """A float id column in a later file is refused before training: one line from the first
+    rank, exit 2.  A label found bad only when its row group is decoded mid-run ends the job
+    with exit 2 and a line naming the file, the column and the row (from each worker that read
+    it), no traceback; the checkpoints written before it stay valid."""
+    days = tmp_path / "days"
+    days.mkdir()
+    for k in range(2):
+        write_parquet(days / f"day{k}.parquet", rows=120, seed=k)
+    second = pq.read_table(days / "day1.parquet")
+    i = second.schema.get_field_index("user")
+    floats = pa.array(second["user"].to_numpy().astype(np.float64))
+    pq.write_table(second.set_column(i, "user", floats), days / "day1.parquet")
+    args = job(tmp_path, TABLES + DATA, "--data-path", str(days))
+    proc = mpirun(3, ["--worker-num", "2", *args, "--no-progress"], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = f"launcher.py: error: {days}/day1.parquet: column 'user': type double, expected a"
+    assert proc.stderr.count(line) == 1 and proc.stderr.count("error:") == 1, proc.stderr[-3000:]
+
     data = write_parquet(tmp_path / "day.parquet")
     table = pq.read_table(data)
-    w = table.column("tag_w").to_pylist()
-    w[437] = w[437] + [1.0]  # one weight too many in row 437 (row group 8 of 50 rows)
-    table = table.set_column(table.schema.get_field_index("tag_w"), "tag_w", pa.array(w))
+    labels = table.column("label").to_pylist()
+    labels[437] = 2  # row 437 (row group 8 of 50 rows): found only when decoded, at step ~16
+    i = table.schema.get_field_index("label")
+    table = table.set_column(i, "label", pa.array(labels, pa.int64()))
     pq.write_table(table, data, row_group_size=50)
+    ckpt = tmp_path / "ckpt"
     args = job(tmp_path, TABLES + DATA, "--data-path", str(data), "--max_step", "30")
-    proc = mpirun(3, ["--worker-num", "2", *args, "--no-progress"], timeout=300)
-    assert proc.returncode != 0
-    out = proc.stdout + proc.stderr
-    assert f"{data}: column 'tag_w': row 437:" in out and "weights for" in out, out[-3000:]
+    extra = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--no-progress"]
+    proc = mpirun(3, ["--worker-num", "2", *args, *extra], timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("launcher.py: error:")]
+    assert errors, proc.stderr[-3000:]
+    for x in errors:
+        assert x.endswith(
+            f"ParquetError: {data}: column 'label': row 437: label 2, expected 0 or 1"
+        )
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    latest = find_latest(ckpt)
+    assert latest is not None and latest.step >= 7, proc.stdout[-2000:]
+    check_files(latest)  # every file present, of its size; the dense file's checksum

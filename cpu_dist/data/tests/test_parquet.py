@@ -186,10 +186,62 @@ def test_a_bad_row_is_refused_naming_the_file_column_and_row(
         values = pq.read_table(path)["tag_w"].to_pylist()
         values[137] = values[137][:2] + [0.1] * (2 - len(values[137]))
     _rewrite(path, column, change(values))
-    data = _open(path, eval_every=0, slice_rows=slice_rows)
-    with pytest.raises(ParquetError, match=words) as err:
+    with pytest.raises(ParquetError, match=words) as err:  # weights: found when opened
+        data = _open(path, eval_every=0, slice_rows=slice_rows)
         list(data.train_batches(20))
     assert f"{path}: column '{column}'" in str(err.value)
+
+
+def _two_files(tmp_path):
+    """A directory of two files (train, then eval/test) and its job file's arguments."""
+    folder = tmp_path / "days"
+    folder.mkdir()
+    for k in range(2):
+        write_parquet(folder / f"day{k}.parquet", rows=200, seed=k)
+    job = tmp_path / "job.toml"
+    job.write_text(TABLES + DATA)
+    return folder, ["--config", str(job), "--data-path", str(folder)]
+
+
+def test_every_file_s_footer_is_checked_before_training(tmp_path):
+    """The flags' checks read every file's footer, not the first one's alone: a later file
+    whose id column is float, or whose weights in a row group are fewer than its ids (the
+    footer's value counts), is a ConfigError (one line, exit 2) naming the file, the column and
+    the row before any rank starts; before, it was a ParquetError on every worker."""
+    folder, args = _two_files(tmp_path)
+    validate(parse_args(args), 3)
+    second = folder / "day1.parquet"
+    user = pq.read_table(second)["user"].to_numpy().astype(np.float64)
+    _rewrite(second, "user", user, pa.float64())
+    with pytest.raises(ConfigError, match=f"{second}: column 'user': type double, expected a"):
+        validate(parse_args(args), 3)
+    write_parquet(second, rows=200, seed=1)
+    tags, w = (pq.read_table(second)[c].to_pylist() for c in ("tags", "tag_w"))
+    row = next(r for r in range(150, 200) if len(tags[r]) > 1)  # row group 3 of 50 rows
+    w[row] = w[row][:-1]  # one weight short (not a list of one made empty: counts would agree)
+    _rewrite(second, "tag_w", w)
+    ids = len(tags[row])
+    words = (
+        f"{second}: column 'tag_w': row {row}: {ids - 1} weights for {ids} ids of feature 'tags'"
+    )
+    with pytest.raises(ConfigError, match=words):
+        validate(parse_args(args), 3)
+    with pytest.raises(ParquetError, match=words):  # and any reader of the files, when opened
+        _open(folder)
+
+
+def test_a_corrupt_page_is_refused_naming_its_column(tmp_path):
+    path = write_parquet(tmp_path / "d.parquet", rows=200, row_group=100)
+    chunk = pq.ParquetFile(path).metadata.row_group(1).column(5)  # 'items' (its ids)
+    assert chunk.path_in_schema.startswith("items.")
+    raw = bytearray(path.read_bytes())
+    end = (chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size
+    middle = (chunk.data_page_offset + end) // 2  # inside its (snappy) data page
+    raw[middle : middle + 16] = b"\xff" * 16
+    path.write_bytes(bytes(raw))
+    data = _open(path, eval_every=0)
+    with pytest.raises(ParquetError, match=rf"{path}: column 'items': row group 1 \(rows 100"):
+        list(data.train_batches(20))
 
 
 def test_a_file_that_is_not_parquet_is_refused(tmp_path):
