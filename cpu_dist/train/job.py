@@ -17,8 +17,8 @@ from cpu_dist.common.mpi_context import (
     ps_listen_host,
     share_job_secret,
 )
-from cpu_dist.common.threads import node_share, share_cores, yield_to_shards
 from cpu_dist.common.parquet_schema import ParquetError
+from cpu_dist.common.threads import node_share, share_cores, yield_to_shards
 from cpu_dist.common.tokens import TokenError, external_token
 from cpu_dist.data.layout import LayoutError
 from cpu_dist.data.run_length import RunLengthError
@@ -38,8 +38,8 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointError,
     TokenError,
     CriteoFormatError,
-    LayoutError,
     ParquetError,  # type, null, lengths, a corrupt page: the file, the column (and the row)
+    LayoutError,
     RunLengthError,
     NonFiniteLoss,
     BundleError,
