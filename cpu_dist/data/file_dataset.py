@@ -14,7 +14,7 @@ import numpy as np
 from cpu_dist.data.batch import Batch
 from cpu_dist.data.keys import CRITEO_DEFAULT_HASH_SIZE, CRITEO_VALUE_MASK, fuse_criteo_columns
 from cpu_dist.data.multi_hot import MultiHot
-from cpu_dist.data.splits import BatchOrder, Split
+from cpu_dist.data.splits import BatchOrder, RowRange, Split
 from cpu_dist.data.tsv_parse import NUM_DENSE, NUM_SPARSE, Rows
 
 
@@ -31,6 +31,7 @@ class FileDataset:
     kind = "criteo"
     num_dense = NUM_DENSE
     num_sparse = NUM_SPARSE
+    num_rows: int  # every reader counts its rows when it opens
 
     def __init__(
         self,
@@ -116,11 +117,16 @@ class FileDataset:
     def _split_batches(
         self, name: str, batch_size: int, num_batches: int | None, partial: bool = False
     ) -> Iterator[Batch]:
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
         split = self.split(name)
         if split is None:
             return
+        yield from self._batches_of(split, batch_size, num_batches, partial)
+
+    def _batches_of(
+        self, split: Split, batch_size: int, num_batches: int | None, partial: bool
+    ) -> Iterator[Batch]:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
         n = len(split) // batch_size
         if num_batches is not None:
             n = min(n, max(num_batches, 0))
@@ -139,6 +145,17 @@ class FileDataset:
         """Global batches of the test split (None, the default: every row of it, the last
         partial batch included; none without a test split)."""
         return self._split_batches("test", batch_size, num_batches, partial=True)
+
+    def split_batches(
+        self, name: str, batch_size: int, num_batches: int | None = None
+    ) -> Iterator[Batch]:
+        """The first ``num_batches`` global batches of split ``name`` in file order (None:
+        every row of it, the last partial batch included); ``"all"``: every row of the data
+        (``python -m cpu_dist.serving --split``)."""
+        if name == "all":
+            all_rows = RowRange(0, self.num_rows)
+            return self._batches_of(all_rows, batch_size, num_batches, partial=True)
+        return self._split_batches(name, batch_size, num_batches, partial=True)
 
     def iter_batches(self, batch_size: int, split: str = "train") -> Iterator[Batch]:
         """Every full global batch of ``split`` once, in file order (no shuffling)."""

@@ -4,6 +4,7 @@ data that made the bundle's keys (:func:`data_spec`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -98,8 +99,8 @@ def settings_model_record(
     settings: Mapping[str, Any], tables: Sequence[Mapping[str, Any]]
 ) -> ModelRecord:
     """The record of a checkpoint's model, from its settings (``Config.settings()``) and its
-    tables (``tables``: the manifest's).  Every dataset of a job has ``NUM_DENSE`` dense
-    features (synthetic and Criteo alike), which a checkpoint does not record.  A user
+    tables (``tables``: the manifest's).  A synthetic or Criteo job has ``NUM_DENSE`` dense
+    features, a Parquet job its ``data.dense`` columns and ``data.features``.  A user
     model's source is hashed as it is now; where the checkpoint recorded the hash it trained
     with (``SOURCE_SHA256_KEY``), another one is refused naming both."""
     m = _model_config(settings)
@@ -111,29 +112,58 @@ def settings_model_record(
             f"{source.sha256} now, but the checkpoint was trained with sha256 {trained}: the "
             "code changed since; export with the code the checkpoint was trained with"
         )
+    parquet = settings.get("data.kind") == "parquet"  # its columns: the job's features
     return ModelRecord(
         name=m.name,
         args=settings_model_args(m),
-        dense_features=NUM_DENSE,
+        dense_features=len(settings["data.dense"]) if parquet else NUM_DENSE,
         dtype=m.dtype,
         seed=int(settings["train.seed"]),
         # a checkpoint before named tables (versions 1 and 2) held the fused table only
         fused=bool(settings.get("tables.fused", len(tables) == 1)),
-        data_features=CATEGORICAL_FEATURES,  # every job's (JobTables' default)
+        # every other job's: JobTables' default
+        data_features=tuple(settings["data.features"]) if parquet else CATEGORICAL_FEATURES,
         source=source,
     )
 
 
+def data_path(path: str | None) -> str | None:
+    """The data's path as a bundle records it: absolute.  A relative path is the job's,
+    resolved from the directory the export runs in (a job's: where it ran); one that names
+    nothing there is not recorded (None: serving then needs ``--data-path``)."""
+    if not path:
+        return None
+    return os.path.abspath(path) if os.path.exists(path) else None
+
+
 def data_spec(settings: Mapping[str, Any]) -> DataSpec:
-    """The data settings of a job's ``Config.settings()`` (a checkpoint records them all):
-    what made the bundle's keys, the global batch size, and the multi-hot bags and weights."""
-    sizes = settings.get("data.num_embeddings_per_feature")
+    """The data a job read, from its ``Config.settings()`` (a checkpoint records them all):
+    what made the bundle's keys, the global batch size, the multi-hot bags and weights, and
+    everything else serving needs to read the same rows (``DataSpec.recorded``): the path,
+    Criteo's multi-hot sizes and ``--skip-bad-lines``, Parquet's columns.  Where a setting is
+    missing (a checkpoint of an older version) its default is recorded, as the job ran."""
+
+    def ints(key: str) -> tuple[int, ...] | None:
+        v = settings.get(key)
+        return None if v is None else tuple(int(n) for n in v)
+
     return DataSpec(
         kind=str(settings["data.kind"]),
         max_ind_range=settings.get("data.max_ind_range"),
-        num_embeddings_per_feature=None if sizes is None else tuple(int(n) for n in sizes),
+        num_embeddings_per_feature=ints("data.num_embeddings_per_feature"),
         zipf_exponent=float(settings.get("data.zipf_exponent", DataConfig.zipf_exponent)),
         batch_size=int(settings["train.batch_size"]),
         bags=tuple((str(f), int(lo), int(hi)) for f, lo, hi in settings.get("data.bags", ())),
         weights=tuple(str(f) for f in settings.get("data.weights", ())),
+        recorded=True,
+        path=data_path(settings.get("data.path")),
+        skip_bad_lines=bool(settings.get("data.skip_bad_lines", False)),
+        multi_hot_sizes=ints("data.multi_hot_sizes"),
+        multi_hot_distribution=str(
+            settings.get("data.multi_hot_distribution", DataConfig.multi_hot_distribution)
+        ),
+        features=tuple(str(f) for f in settings.get("data.features", ())),
+        weight_columns=tuple((str(f), str(c)) for f, c in settings.get("data.weight_columns", ())),
+        label=str(settings.get("data.label", DataConfig.label)),
+        dense=tuple(str(c) for c in settings.get("data.dense", ())),
     )

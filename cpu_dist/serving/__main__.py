@@ -1,13 +1,15 @@
-"""``python -m cpu_dist.serving BUNDLE_DIR [--config FILE] [data flags] [--eval-batches N]
-[--scores-out FILE]``: score an exported model (any model: built-in or the user's) on the
-evaluation batches a training job with the same data scores, and print one JSON line with
+"""``python -m cpu_dist.serving BUNDLE_DIR [--config FILE] [data flags] [--split S]
+[--eval-batches N] [--scores-out FILE]``: score an exported model (any model: built-in or the
+user's) on the evaluation batches a training job with the same data scores (``--split``: the
+test or train split, or every row of the file, instead), and print one JSON line with
 ``eval_auc`` and ``eval_logloss``; ``--scores-out FILE`` also writes every scored row's
-probability, one a line.  Needs neither MPI nor a parameter server nor the native module."""
+probability, one a line.  The data is the bundle's (``serving.data``: a version 5 bundle
+records all its job read) unless the command line or ``--config`` names it.  Needs neither
+MPI nor a parameter server nor the native module."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -16,31 +18,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cpu_dist.common.config import DataConfig, TrainConfig
+from cpu_dist.common.config import TrainConfig
 from cpu_dist.common.config_errors import ConfigError
 from cpu_dist.common.files import atomic_write
 from cpu_dist.common.flags import add_data_flags
-from cpu_dist.common.job_file import JobFile, JobFileError, read_job_file
+from cpu_dist.common.job_file import JobFileError
 from cpu_dist.common.process_exit import skip_exit_collection
-from cpu_dist.common.validate_data import data_config
-from cpu_dist.data import dataset_for, eval_batches
+from cpu_dist.data import dataset_for
 from cpu_dist.data.features import BatchFeatures
 from cpu_dist.models.outputs import logits_of
 from cpu_dist.models.scoring import evaluate
-from cpu_dist.serving.bundle import Bundle, BundleError, open_bundle
+from cpu_dist.serving.bundle import BundleError, open_bundle
+from cpu_dist.serving.data import DATA_DESTS, SPLITS, bundle_data, read_config, split_batches
 from cpu_dist.serving.loader import bundle_job_tables, load_bundle
-
-# The data flags' dests (add_data_flags): a job file's [job] values for them are the data's.
-DATA_DESTS = (
-    "data",
-    "data_path",
-    "skip_bad_lines",
-    "zipf_exponent",
-    "num_embeddings_per_feature",
-    "max_ind_range",
-    "epochs",
-    "shuffle",
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,12 +40,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--config",
         default=None,
         metavar="FILE",
-        help="a job file whose data to score: its [data] (kind, bags, weights) and the data "
-        "flags of its [job]; the command line beats it, it beats the bundle's data settings",
+        help="a job file whose data to score: its [data] (kind, path, bags, weights, columns) "
+        "and the data flags of its [job]; the command line beats it, it beats the bundle's "
+        "data settings, and what would read the data otherwise than the job did is refused",
     )
     add_data_flags(ap)
     # The bundle's data settings apply where the command line names none.
-    ap.set_defaults(data=None, zipf_exponent=None)
+    ap.set_defaults(data=None, zipf_exponent=None, multi_hot_distribution=None)
     ap.add_argument(
         "--seed", type=int, default=None, help="the job's --seed (default: the bundle's)"
     )
@@ -66,10 +57,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"global batch (default: the job's, from the bundle; else {TrainConfig.batch_size})",
     )
     ap.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="eval",
+        help="the rows to score: the eval split (a job's final evaluation's), the test or "
+        "train split, or every row of the data in file order (all; not for synthetic data)",
+    )
+    ap.add_argument(
         "--eval-batches",
         type=int,
         default=-1,
-        help="global batches of the eval split to score; -1: all of it, the last partial "
+        help="global batches of the split to score; -1: all of it, the last partial "
         "batch included, as a job's final evaluation scores by default (the endless "
         "synthetic stream: 4)",
     )
@@ -82,77 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--no-check", action="store_true", help="skip the files' checksums")
     return ap.parse_args(argv)
-
-
-def _kind(kind: str) -> str:
-    return "synthetic data" if kind == "synthetic" else "Criteo data (--data criteo or criteo-bin)"
-
-
-def _job_file(args: argparse.Namespace, given: set[str]) -> JobFile | None:
-    """``--config``'s job file: its ``[data] kind`` and its ``[job]`` data flags become the
-    data flags' values where the command line names none (``given``)."""
-    if args.config is None:
-        return None
-    job_file = read_job_file(args.config)
-    values = {k: v for k, v in job_file.job.items() if k in DATA_DESTS}
-    if job_file.data_kind is not None:
-        values["data"] = job_file.data_kind
-    for key, value in values.items():
-        if key not in given:
-            setattr(args, key, value)
-    return job_file
-
-
-def bundle_data(
-    args: argparse.Namespace, bundle: Bundle, job_file: JobFile | None = None
-) -> DataConfig:
-    """The data to score: the command line's flags, a ``--config`` job file's data, the
-    bundle's settings where neither names them (a Criteo bundle's kind follows --data-path: a
-    directory is a conversion); the bags and weights are the job file's, else the bundle's.
-    Data of another kind, or hashed otherwise, would give other keys than the bundle's:
-    refused."""
-    a = argparse.Namespace(**vars(args))
-    d = bundle.data
-    if d is None:  # a version 1 bundle: the flags as given
-        a.data = a.data or DataConfig.kind
-        a.zipf_exponent = DataConfig.zipf_exponent if a.zipf_exponent is None else a.zipf_exponent
-        return data_config(a)
-    if a.data is None:
-        path_is_dir = bool(a.data_path) and os.path.isdir(a.data_path)
-        a.data = d.kind if d.family == "synthetic" else ("criteo-bin" if path_is_dir else "criteo")
-    elif (a.data == "synthetic") != (d.family == "synthetic"):
-        raise BundleError(
-            f"bundle {bundle.path} was trained on {_kind(d.kind)}; --data {a.data} is another "
-            "kind of data, whose keys are not the bundle's"
-        )
-    if a.zipf_exponent is None:
-        a.zipf_exponent = d.zipf_exponent
-    if d.family != "synthetic":
-        if a.max_ind_range is None:
-            a.max_ind_range = d.max_ind_range
-        if a.num_embeddings_per_feature is None and d.num_embeddings_per_feature is not None:
-            a.num_embeddings_per_feature = ",".join(map(str, d.num_embeddings_per_feature))
-    cfg = data_config(a)
-    for flag, got, want in (
-        ("--max-ind-range", cfg.max_ind_range, d.max_ind_range),
-        (
-            "--num-embeddings-per-feature",
-            cfg.num_embeddings_per_feature,
-            d.num_embeddings_per_feature,
-        ),
-    ):
-        if d.family != "synthetic" and got != want:
-
-            def said(v: object, flag: str = flag) -> str:
-                return f"no {flag}" if v is None else f"{flag} {v}"
-
-            raise BundleError(
-                f"bundle {bundle.path}: its keys were made with {said(want)}; {said(got)} "
-                "would hash the data into other keys"
-            )
-    if job_file is not None and (job_file.bags or job_file.weights):
-        return dataclasses.replace(cfg, bags=job_file.bags, weights=job_file.weights)
-    return dataclasses.replace(cfg, bags=d.bags, weights=d.weights)
 
 
 def probabilities(logits: np.ndarray) -> np.ndarray:
@@ -168,10 +95,10 @@ def write_scores(path: str | os.PathLike[str], logits: np.ndarray) -> None:
     atomic_write(Path(os.path.abspath(path)), lambda f: f.write(text))
 
 
-def score(args: argparse.Namespace, given: set[str] | None = None) -> dict[str, float]:
+def score(args: argparse.Namespace, given: set[str] | None = None) -> dict[str, object]:
     if args.scores_out is not None and os.path.isdir(args.scores_out):
         raise ConfigError(f"--scores-out {args.scores_out}: is a directory; give a file")
-    job_file = _job_file(args, given or set())
+    job_file = read_config(args, given or set())
     bundle = open_bundle(args.bundle, check=not args.no_check)
     record = bundle.model
     if args.batch_size is None:
@@ -191,13 +118,13 @@ def score(args: argparse.Namespace, given: set[str] | None = None) -> dict[str, 
     )
     scores, labels = [], []
     with torch.no_grad():
-        for batch in eval_batches(dataset, args.batch_size, count):
+        for batch in split_batches(dataset, args.split, args.batch_size, count):
             output = model(torch.from_numpy(batch.dense).to(dtype), features(batch))
             logits = logits_of(output, len(batch), record.name)  # [B] or [B, 1]: one check
             scores.append(logits.double().numpy())
             labels.append(batch.labels.astype(np.float64))
     if not scores:
-        raise BundleError("the data has no evaluation batches")
+        raise BundleError(f"the data has no rows in its {args.split} split (--split)")
     s, y = np.concatenate(scores), np.concatenate(labels)
     if len(s) != len(y):
         raise BundleError(
@@ -211,6 +138,7 @@ def score(args: argparse.Namespace, given: set[str] | None = None) -> dict[str, 
         "eval_logloss": result["logloss"],
         "eval_samples": len(y),
         "steps": bundle.steps,
+        "split": args.split,
     }
 
 

@@ -7,7 +7,8 @@ a parameter server or the native module.
                         its features, and a user model's source with its sha256; version 4),
                         the data settings that made its keys (kind, --max-ind-range,
                         --num-embeddings-per-feature, --zipf-exponent, the multi-hot bags and
-                        weights) and the job's batch size, the steps done (``steps``; version
+                        weights; version 5: all the data the job read, :class:`DataSpec`) and
+                        the job's batch size, the steps done (``steps``; version
                         1 wrote the last step, ``step``), every table (``tables``: its
                         ``EmbeddingBagConfig`` as ``model_record.table_record``, and its rows;
                         version 3), and every file's size and crc32
@@ -18,8 +19,10 @@ a parameter server or the native module.
                         folder per table; versions 1 and 2: DIR/keys.npy, the one table's)
     DIR/tables/<name>/rows.npy   float32 [n, dim of the table], row i belongs to keys[i]
 
-Versions 1 to 3 recorded a DLRM's settings (:class:`ModelSpec`) instead of a model: they are
-read as the built-in ``dlrm`` (``model_record.legacy_record``).  The writer
+DIR is a link to a hidden version directory, swapped atomically by each export
+(:mod:`cpu_dist.common.bundle_link`).  Versions 1 to 3 recorded a DLRM's settings
+(:class:`ModelSpec`) instead of a model: they are read as the built-in ``dlrm``
+(``model_record.legacy_record``).  The writer
 (``cpu_dist.export``) and the reader (``cpu_dist.serving``) share this module.
 """
 
@@ -55,10 +58,12 @@ from cpu_dist.serving.model_record import (
 )
 
 # Version 2 adds "data", version 3 a folder per table ("tables"), version 4 the model record
-# ("model": any model, a user model's source copied or named); versions 1 to 3 (a DLRM's
-# settings; 1 and 2: one table, keys.npy and rows.npy beside the manifest) are still read.
-FORMAT, VERSION = EXPORT_FORMAT, 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+# ("model": any model, a user model's source copied or named), version 5 all the data the job
+# read (DataSpec.recorded: its path, Parquet's columns, Criteo's multi-hot sizes); versions 1
+# to 3 (a DLRM's settings; 1 and 2: one table, keys.npy and rows.npy beside the manifest) are
+# still read.
+FORMAT, VERSION = EXPORT_FORMAT, 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST, DENSE, KEYS, ROWS = "manifest.json", "dense.pt", "keys.npy", "rows.npy"
 TABLES_DIR = "tables"
 
@@ -90,12 +95,24 @@ class ModelSpec:
     table: str
 
 
+def data_family(kind: str) -> str:
+    """Data kinds that give the same keys: a Criteo TSV file and its conversion are one;
+    synthetic and Parquet data are each their own."""
+    return kind if kind in ("synthetic", "parquet") else "criteo"
+
+
 @dataclass(frozen=True)
 class DataSpec:
     """The data settings that made the bundle's keys, and the job's global batch size (what
-    its evaluation batches were cut by); serving applies them and refuses other kinds."""
+    its evaluation batches were cut by); serving applies them and refuses other kinds.
 
-    kind: str  # --data: "synthetic", or a Criteo file ("criteo" TSV, "criteo-bin" converted)
+    Version 5 adds everything else the job read (``recorded``): the data's absolute path, the
+    TSV reader's ``skip_bad_lines``, Criteo's multi-hot sizes and their distribution, and
+    Parquet's columns (the feature columns in file order, the weight column of each weighted
+    feature, the label and dense columns), so that a bundle scores as it was trained without
+    the job's flags or job file."""
+
+    kind: str  # --data: "synthetic", "criteo" (TSV), "criteo-bin" (converted) or "parquet"
     max_ind_range: int | None
     num_embeddings_per_feature: tuple[int, ...] | None
     zipf_exponent: float
@@ -104,11 +121,40 @@ class DataSpec:
     # DataConfig.bags / weights): serving's batches must have the job's bags.
     bags: tuple[tuple[str, int, int], ...] = ()
     weights: tuple[str, ...] = ()
+    # Version 5 (the defaults: what an older bundle reads as; ``recorded`` False).
+    recorded: bool = False
+    path: str | None = None  # absolute; None: synthetic, or not found when exported
+    skip_bad_lines: bool = False
+    multi_hot_sizes: tuple[int, ...] | None = None
+    multi_hot_distribution: str = "uniform"
+    features: tuple[str, ...] = ()  # Parquet's, as DataConfig's
+    weight_columns: tuple[tuple[str, str], ...] = ()
+    label: str = "label"
+    dense: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
-        """A TSV file and its conversion give the same batches: one kind of data."""
-        return "synthetic" if self.kind == "synthetic" else "criteo"
+        return data_family(self.kind)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DataSpec:
+        """A manifest's ``data`` (any version: a key it lacks takes its default)."""
+
+        def tup(v: Any) -> tuple[Any, ...] | None:
+            return None if v is None else tuple(v)
+
+        return cls(
+            **{
+                **d,
+                "num_embeddings_per_feature": tup(d.get("num_embeddings_per_feature")),
+                "bags": tuple((str(f), int(lo), int(hi)) for f, lo, hi in d.get("bags", ())),
+                "weights": tuple(str(f) for f in d.get("weights", ())),
+                "multi_hot_sizes": tup(d.get("multi_hot_sizes")),
+                "features": tuple(str(f) for f in d.get("features", ())),
+                "weight_columns": tuple((str(f), str(c)) for f, c in d.get("weight_columns", ())),
+                "dense": tuple(str(c) for c in d.get("dense", ())),
+            }
+        )
 
 
 def check_bundle_output(out: str | os.PathLike, flag: str) -> None:
@@ -399,16 +445,9 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
             )
         tables[t.name] = BundleTable(t, keys, rows)
     d = m.get("data")
-    data = None
-    if d is not None:
-        sizes = d.get("num_embeddings_per_feature")
-        data = DataSpec(
-            **{
-                **d,
-                "num_embeddings_per_feature": None if sizes is None else tuple(sizes),
-                "bags": tuple((str(f), int(lo), int(hi)) for f, lo, hi in d.get("bags", ())),
-                "weights": tuple(str(f) for f in d.get("weights", ())),
-            }
-        )
+    try:
+        data = None if d is None else DataSpec.from_json(d)
+    except (TypeError, ValueError) as exc:
+        raise BundleError(f"{where}: data record unreadable ({exc})") from None
     steps = int(m["steps"]) if "steps" in m else int(m["step"]) + 1  # version 1: the last step
     return Bundle(path, model, data, steps, dense, tables, int(m["version"]))

@@ -23,6 +23,9 @@ from cpu_dist.models.scoring import evaluate
 from cpu_dist.serving import load
 from cpu_dist.serving.bundle import open_bundle
 from cpu_dist.serving.loader import bundle_job_tables
+from cpu_dist.testing.parquet_files import DATA as PARQUET_DATA
+from cpu_dist.testing.parquet_files import TABLES as PARQUET_TABLES
+from cpu_dist.testing.parquet_files import write_parquet
 from cpu_dist.train.dump import table_rows
 
 from .launch import ROOT, SMALL, mpirun, run_module
@@ -381,3 +384,36 @@ def test_a_checkpoint_of_a_user_model_refuses_an_export_once_its_source_changed(
     resumed = mpirun(3, [*argv, "--max_step", "6", "--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{trained!r} -> {now!r}" in resumed.stderr, resumed.stderr[-3000:]
+
+
+def test_a_parquet_bundle_of_weighted_bags_scores_the_jobs_auc_without_its_job_file(tmp_path):
+    """Issue 48 item 4: the bundle records the data's path and every column the job read
+    (label, dense, each feature's ids and weights), so serving needs no flag; was: eval AUC
+    0.6478 for the job's 0.6507, the weights dropped, exit 0.  The job's checkpoint exports
+    the same record (its dense width and features are the Parquet columns')."""
+    data = write_parquet(tmp_path / "day.parquet", rows=1200)
+    job = tmp_path / "job.toml"
+    job.write_text(PARQUET_TABLES + PARQUET_DATA)
+    bundle, metrics, ckpt = tmp_path / "bundle", tmp_path / "m.jsonl", tmp_path / "ckpt"
+    proc = mpirun(
+        3,
+        [
+            "--worker-num", "2", *SMALL, "--config", str(job), "--data-path", str(data),
+            "--batch-size", "48", "--max_step", "10", "--eval-batches", "-1", "--export",
+            str(bundle),
+            "--metrics-out", str(metrics), "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "10",
+        ],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = final_eval(metrics)
+    got = cli_eval(bundle)  # no --config, no data flag
+    assert got["eval_samples"] == 120
+    assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-6)
+    assert got["eval_logloss"] == pytest.approx(final["eval_logloss"], abs=1e-6)
+    d = open_bundle(bundle).data
+    assert d is not None and d.weight_columns == (("tags", "tag_w"),) and d.path == str(data)
+    again = tmp_path / "from-checkpoint"
+    proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert open_bundle(again).data == d and open_bundle(again).model == open_bundle(bundle).model

@@ -81,7 +81,7 @@ def test_a_bundle_has_a_folder_per_table_and_the_one_table_view_refuses_several(
         "tables/user/rows.npy",
     ]
     m = json.loads((out / "manifest.json").read_text())
-    assert m["version"] == 4 and [t["name"] for t in m["tables"]] == ["item", "user"]
+    assert m["version"] == 5 and [t["name"] for t in m["tables"]] == ["item", "user"]
     # a DLRM's settings complete what a table's record lacks: the init scale, the seed
     assert m["tables"][0] == {"name": "item", "dim": 8, "rows": 2, "seed": 3, "init_scale": 0.5}
     assert m["tables"][1] == {"name": "user", "dim": 2, "rows": 1, "seed": 0, "init_scale": 0.5}

@@ -102,7 +102,7 @@ def test_a_dlrm_bundle_round_trips(tmp_path):
     record = ModelRecord("dlrm", args, 13, "float32", 5, True, tuple(feats))
     out = write_local(model, tables, record, tmp_path / "b")
     m = json.loads((out / "manifest.json").read_text())
-    assert m["version"] == 4 and m["model"]["name"] == "dlrm" and m["model"]["args"] == args
+    assert m["version"] == 5 and m["model"]["name"] == "dlrm" and m["model"]["args"] == args
     assert m["tables"][0]["features"] == feats and m["tables"][0]["seed"] == 5
     b = open_bundle(out)
     assert b.model == record and len(b.keys) > 10
