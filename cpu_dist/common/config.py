@@ -188,12 +188,17 @@ class DataConfig:
     multi_hot_sizes: tuple[int, ...] | None = None
     multi_hot_distribution: str = "uniform"
     # Parquet (--data parquet): the categorical features, in the files' column order (each
-    # reads the column of its name), the weights' (feature, column) pairs, the label column
-    # and the dense columns.
+    # reads the column of its name; synthetic data: the features its tables name), the
+    # weights' (feature, column) pairs, the label column and the dense columns.
     features: tuple[str, ...] = ()
     weight_columns: tuple[tuple[str, str], ...] = ()
     label: str = "label"
     dense: tuple[str, ...] = ()
+    # Synthetic data (cpu_dist/data/synthetic.py): the dense width ([data] dense = N) and each
+    # feature of another name than cat_0 ... cat_25 with its cardinality, sorted; ``features``
+    # then names the job's features in the batch's order (empty: cat_0 ... cat_25, as before).
+    num_dense: int = 13
+    cardinalities: tuple[tuple[str, int], ...] = ()
 
 
 # The cache stage's capacity unit (``--optimization-cache-capacity``, a table's

@@ -11,7 +11,10 @@ Keys (:data:`DATA_KEYS`; any other is refused):
 - ``weights``: per-id weights; synthetic data: ``["FEATURE", ...]`` (drawn weights); Parquet:
   ``{ FEATURE = "COLUMN" }``, each a ``list<float>`` column as long as the feature's ids;
 - Parquet's columns: ``label`` (default ``"label"``) and ``dense = ["COLUMN", ...]``
-  (default: every float column but the label).
+  (default: every float column but the label);
+- synthetic data: ``dense = N`` (the dense width, default 13) and ``cardinalities = { FEATURE
+  = N }`` (a feature of another name than ``cat_0 ... cat_25``: its ids' range; default its
+  table's ``num_embeddings``, else 100,000).
 
 Whether the features exist and the data kind can have them is checked with the flags
 (``job_file_checks``), since ``--data`` may come from the command line.
@@ -32,7 +35,8 @@ DATA_FLAG_KEYS = {
     "multi_hot_sizes": "multi_hot_sizes",
     "multi_hot_distribution": "multi_hot_distribution",
 }
-DATA_KEYS = (*DATA_FLAG_KEYS, "bags", "weights", "label", "dense")
+DATA_KEYS = (*DATA_FLAG_KEYS, "bags", "weights", "label", "dense", "cardinalities")
+MAX_DENSE = 4096  # [data] dense = N of synthetic data
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,9 @@ class DataSection:
     file gives them: ``job_file.job_defaults`` checks them as the flags would);
     ``bags`` sorted ``(feature, min, max)``; ``weights`` the weighted features, sorted;
     ``weight_columns`` Parquet's ``(feature, column)`` pairs (empty for a list of weights);
-    ``label`` and ``dense`` Parquet's columns (None: the defaults)."""
+    ``label`` and ``dense`` Parquet's columns (None: the defaults); ``dense_width`` and
+    ``cardinalities`` (sorted ``(feature, N)``) synthetic data's ``dense = N`` and
+    ``cardinalities``."""
 
     flags: tuple[tuple[str, object], ...] = ()
     bags: tuple[tuple[str, int, int], ...] = ()
@@ -49,6 +55,8 @@ class DataSection:
     weight_columns: tuple[tuple[str, str], ...] = ()
     label: str | None = None
     dense: tuple[str, ...] | None = None
+    dense_width: int | None = None
+    cardinalities: tuple[tuple[str, int], ...] = ()
 
     def flag(self, dest: str) -> object | None:
         return dict(self.flags).get(dest)
@@ -84,14 +92,39 @@ def read_data_section(path: str, data: Mapping[str, object]) -> DataSection:
     columns: tuple[tuple[str, str], ...] = ()
     if "weights" in data:
         weights, columns = _weights(path, data["weights"])
+    dense = data.get("dense")
+    width = None
+    if isinstance(dense, int) and not isinstance(dense, bool):
+        if not 0 <= dense <= MAX_DENSE:
+            raise JobFileError(f"{path}: [data] dense {dense}: must be in 0..{MAX_DENSE}")
+        width, dense = dense, None
     return DataSection(
         flags=tuple(flags),
         bags=_bags(path, data["bags"]) if "bags" in data else (),
         weights=weights,
         weight_columns=columns,
         label=_column(path, "label", data["label"]) if "label" in data else None,
-        dense=_columns(path, "dense", data["dense"]) if "dense" in data else None,
+        dense=_columns(path, "dense", dense) if dense is not None else None,
+        dense_width=width,
+        cardinalities=(
+            _cardinalities(path, data["cardinalities"]) if "cardinalities" in data else ()
+        ),
     )
+
+
+def _cardinalities(path: str, value: object) -> tuple[tuple[str, int], ...]:
+    """``cardinalities = { FEATURE = N }`` as sorted (feature, N) pairs, N >= 1."""
+    where = f"{path}: [data] cardinalities"
+    if not isinstance(value, dict):
+        raise JobFileError(
+            f"{where}: expected a table of FEATURE = N (cardinalities = {{ user = 50000 }}), "
+            f"got {toml_kind(value)}"
+        )
+    for feature, n in value.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            shown = n if isinstance(n, int) and not isinstance(n, bool) else toml_kind(n)
+            raise JobFileError(f"{where}: {feature!r}: {shown}: expected an integer >= 1")
+    return tuple(sorted((str(f), int(n)) for f, n in value.items()))
 
 
 def _column(path: str, key: str, value: object) -> str:
@@ -105,7 +138,10 @@ def _column(path: str, key: str, value: object) -> str:
 def _columns(path: str, key: str, value: object) -> tuple[str, ...]:
     where = f"{path}: [data] {key}"
     if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
-        raise JobFileError(f'{where}: expected an array of column names ({key} = ["x0", "x1"])')
+        hint = " or, for synthetic data, a width (dense = 13)" if key == "dense" else ""
+        raise JobFileError(
+            f'{where}: expected an array of column names ({key} = ["x0", "x1"]){hint}'
+        )
     twice = sorted({c for c in value if value.count(c) > 1})
     if twice:
         raise JobFileError(f"{where}: {', '.join(map(repr, twice))} listed twice")

@@ -62,19 +62,38 @@ def job_file_tables(
     job_file = job_file_of(a)
     if job_file is None:
         return None
+    if columns is None and a.data == "synthetic":  # any name: cat_0 ... cat_25, then others
+        named = [f for t in job_file.tables for f in _names(t.get("features"))]
+        others = [f for f in dict.fromkeys(named) if f not in CATEGORICAL_FEATURES]
+        return job_tables(
+            job_file,
+            _defaults(a, train),
+            (*CATEGORICAL_FEATURES, *others),
+            a.data,
+            every_feature=False,
+        )
     return job_tables(
         job_file,
-        TableDefaults(
-            dim=a.embedding_dim,
-            optimizer=a.sparse_optimizer,
-            lr=train.sparse_lr,
-            init_scale=a.init_scale,
-            admit_after=a.ps_admit_after,
-            expire_after=a.ps_expire_after,
-        ),
+        _defaults(a, train),
         CATEGORICAL_FEATURES if columns is None else columns,
         a.data if columns is None else f"{a.data} {a.data_path}",  # names the files
         every_feature=columns is None,
+    )
+
+
+def _names(features: object) -> list[str]:
+    """A raw ``[[tables]]`` entry's feature names (its shape is ``job_tables``' to check)."""
+    return [f for f in features if isinstance(f, str)] if isinstance(features, list) else []
+
+
+def _defaults(a: argparse.Namespace, train: TrainConfig) -> TableDefaults:
+    return TableDefaults(
+        dim=a.embedding_dim,
+        optimizer=a.sparse_optimizer,
+        lr=train.sparse_lr,
+        init_scale=a.init_scale,
+        admit_after=a.ps_admit_after,
+        expire_after=a.ps_expire_after,
     )
 
 
@@ -102,6 +121,16 @@ def job_file_bags(
                 f"(--data {a.data} has {shown})"
             )
     section = job_file.data
+    if a.data != "synthetic":
+        for key, given in (
+            ("dense", section.dense_width is not None),
+            ("cardinalities", bool(section.cardinalities)),
+        ):
+            if given:
+                raise JobFileError(
+                    f"{job_file.path}: [data] {key}: shapes the synthetic stream (--data "
+                    f"synthetic), not --data {a.data}"
+                )
     if a.data == "parquet":
         if section.bags:
             raise JobFileError(
@@ -124,7 +153,7 @@ def job_file_bags(
             if value is not None:
                 raise JobFileError(
                     f"{job_file.path}: [data] {key}: Parquet's columns; --data {a.data} has no "
-                    "columns to name"
+                    "columns to name" + (" (its dense width: dense = N)" if key == "dense" else "")
                 )
         if keyed and a.data != "synthetic":
             key, feature = keyed[0]

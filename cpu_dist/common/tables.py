@@ -40,6 +40,11 @@ def dense_names(n: int = NUM_DENSE) -> tuple[str, ...]:
 
 CATEGORICAL_FEATURES = categorical_names()
 DENSE_FEATURES = dense_names()
+# Synthetic data's features of other names (cpu_dist/data/synthetic.py): the cardinality of
+# one that neither [data] cardinalities nor its table's num_embeddings gives, and the largest
+# (its Zipf CDF is 8 bytes a rank: 2**24, 128 MiB).
+NAMED_CARDINALITY = 100_000
+MAX_NAMED_CARDINALITY = 2**24
 
 # The table optimizers a shard knows (csrc/optimizer.h); the first is the default.
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad")

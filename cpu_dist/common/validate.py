@@ -375,7 +375,7 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
             features = None if tables is None else tables.data_features
             parquet = parquet_columns(args, schema, features)
     data = data_config(
-        args, tables.data_features if tables is not None else CATEGORICAL_FEATURES, parquet
+        args, tables.data_features if tables is not None else CATEGORICAL_FEATURES, parquet, tables
     )
     config = Config(
         job=job,

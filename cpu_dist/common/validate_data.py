@@ -11,9 +11,14 @@ from collections.abc import Sequence
 from cpu_dist.common.config import DataConfig
 from cpu_dist.common.config_errors import ConfigError, as_config_error
 from cpu_dist.common.data_checks import multi_hot_sizes, parquet_columns, parquet_schema
-from cpu_dist.common.job_file_checks import job_file_bags
+from cpu_dist.common.job_file_checks import job_file_bags, job_file_of
 from cpu_dist.common.parquet_schema import ParquetColumns
-from cpu_dist.common.tables import CATEGORICAL_FEATURES
+from cpu_dist.common.tables import (
+    CATEGORICAL_FEATURES,
+    MAX_NAMED_CARDINALITY,
+    NAMED_CARDINALITY,
+    JobTables,
+)
 
 
 def _hash_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:
@@ -108,14 +113,57 @@ def _check_flags(a: argparse.Namespace) -> tuple[int, ...] | None:
     return sizes
 
 
+def synthetic_shape(
+    a: argparse.Namespace, tables: JobTables | None
+) -> tuple[int, tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """Synthetic data's ``(num_dense, features, cardinalities)`` (``DataConfig``'s): the dense
+    width (``[data] dense = N``, default 13), the job file's tables' features when they are not
+    ``cat_0 ... cat_25`` in order, and each feature of another name with its cardinality
+    (``[data] cardinalities``, else its table's ``num_embeddings``, else 100,000)."""
+    job_file = job_file_of(a)
+    section = job_file.data if job_file is not None else None
+    width = DataConfig.num_dense
+    if section is not None and section.dense_width is not None:
+        width = section.dense_width
+    given = dict(section.cardinalities) if section is not None else {}
+    names = tables.data_features if tables is not None and not tables.fused else ()
+    where = f"{job_file.path}: [data] cardinalities" if job_file is not None else ""
+    for f in given:
+        if f in CATEGORICAL_FEATURES:
+            raise ConfigError(
+                f"{where}: {f!r}: keeps the synthetic stream's own cardinality (cat_0 ... "
+                "cat_25 are today's features); only features of other names take one"
+            )
+        if f not in names:
+            raise ConfigError(f"{where}: {f!r} is in no table of the job")
+    cards = []
+    for f in names:
+        if f in CATEGORICAL_FEATURES:
+            continue
+        assert tables is not None
+        n = given.get(f) or tables.table_of(f).num_embeddings or NAMED_CARDINALITY
+        if n > MAX_NAMED_CARDINALITY:
+            source = "[data] cardinalities" if f in given else f"its table's num_embeddings {n}"
+            raise ConfigError(
+                f"--data synthetic: feature {f!r}: cardinality {n} ({source}) is over the "
+                f"synthetic stream's {MAX_NAMED_CARDINALITY}; give it [data] cardinalities = "
+                f"{{ {f} = N }} with N <= {MAX_NAMED_CARDINALITY}"
+            )
+        cards.append((f, int(n)))
+    features = () if tuple(names) in ((), CATEGORICAL_FEATURES) else tuple(names)
+    return width, features, tuple(sorted(cards))
+
+
 def data_config(
     a: argparse.Namespace,
     data_features: Sequence[str] = CATEGORICAL_FEATURES,
     parquet: ParquetColumns | None = None,
+    tables: JobTables | None = None,
 ) -> DataConfig:
     """The data section alone (tools that read the same batches as a job).  ``data_features``:
     the features a job file's ``[data]`` bags and weights may name (the job's tables');
-    ``parquet``: Parquet data's columns (``data_checks.parquet_columns``; None: read here)."""
+    ``parquet``: Parquet data's columns (``data_checks.parquet_columns``; None: read here);
+    ``tables``: the job file's tables (synthetic data makes their features)."""
     _check_path(a)
     sizes = _check_flags(a)
     with as_config_error():
@@ -135,6 +183,11 @@ def data_config(
             "only for Criteo data (Parquet ids reach the tables as they are: give a job file's "
             "table its num_embeddings)",
         )
+    width = DataConfig.num_dense
+    named: tuple[str, ...] = ()
+    cards: tuple[tuple[str, int], ...] = ()
+    if a.data == "synthetic":
+        width, named, cards = synthetic_shape(a, tables)
     return DataConfig(
         kind=a.data,
         path=a.data_path,
@@ -148,10 +201,12 @@ def data_config(
         weights=weights,
         multi_hot_sizes=sizes_mh,
         multi_hot_distribution=a.multi_hot_distribution,
-        features=parquet.features if parquet is not None else (),
+        features=parquet.features if parquet is not None else named,
         weight_columns=tuple(sorted(parquet.weights.items())) if parquet is not None else (),
         label=parquet.label if parquet is not None else DataConfig.label,
         dense=parquet.dense if parquet is not None else (),
+        num_dense=width,
+        cardinalities=cards,
     )
 
 

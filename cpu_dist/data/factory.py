@@ -61,12 +61,15 @@ def make_dataset(
     shuffle: bool = False,
     bags: Mapping[str, tuple[int, int]] | None = None,
     weights: Sequence[str] = (),
+    features: Sequence[str] | None = None,
+    named_cardinalities: Mapping[str, int] | None = None,
     multi_hot_sizes: Sequence[int] | None = None,
     multi_hot_distribution: str = "uniform",
     parquet: ParquetColumns | None = None,
 ) -> Dataset:
-    """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse, and
-    the multi-hot features ``bags = {feature: (MIN, MAX)}`` and weighted ones ``weights``; endless),
+    """``kind="synthetic"`` (seed, zipf_exponent, cardinalities, num_dense, num_sparse, the
+    multi-hot features ``bags = {feature: (MIN, MAX)}`` and weighted ones ``weights``, and the
+    features by name, ``features`` and ``named_cardinalities``; endless),
     ``kind="criteo"`` (path: a TSV file) or ``kind="criteo-bin"`` (path: a converted directory),
     both with the hashing (hash_size, num_embeddings_per_feature, max_ind_range: see
     ``keys.criteo_hash_sizes``), eval_every, epochs, shuffle and seed, for TSV
@@ -83,6 +86,8 @@ def make_dataset(
             num_sparse=num_sparse,
             bags=bags,
             weights=weights,
+            features=features,
+            named_cardinalities=named_cardinalities,
         )
     if kind not in KINDS:
         raise ValueError(f"unknown dataset kind {kind!r} (expected one of {', '.join(KINDS)})")
@@ -189,7 +194,8 @@ def feature_names(dataset: Dataset) -> tuple[tuple[str, ...], tuple[str, ...]]:
     columns = getattr(dataset, "columns", None)
     if isinstance(columns, ParquetColumns):
         return columns.dense, columns.features
-    return dense_names(dataset.num_dense), categorical_names(dataset.num_sparse)
+    named = getattr(dataset, "sparse_names", None)  # synthetic data's, by the job's tables
+    return dense_names(dataset.num_dense), tuple(named or categorical_names(dataset.num_sparse))
 
 
 def dataset_for(data: DataConfig, seed: int) -> Dataset:
@@ -207,6 +213,9 @@ def dataset_for(data: DataConfig, seed: int) -> Dataset:
         max_ind_range=data.max_ind_range,
         epochs=data.epochs,
         shuffle=data.shuffle,
+        num_dense=data.num_dense,
+        features=(data.features or None) if data.kind == "synthetic" else None,
+        named_cardinalities=dict(data.cardinalities),
         bags=bags,
         weights=() if data.kind == "parquet" else data.weights,
         multi_hot_sizes=data.multi_hot_sizes,

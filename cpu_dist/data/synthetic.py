@@ -32,18 +32,29 @@ The generative model:
   bags and weights gets the same batches bit for bit, and adding a feature's bags leaves
   every other feature's bags as they were.  The bagged feature's column of ``keys`` keeps the
   one-hot draw (ignored by the model, see :class:`~cpu_dist.data.batch.Batch`).
+- Features of any name (``features``: a job file's tables name them): ``cat_0 ... cat_25``
+  are the stream above, bit for bit, whichever of them are named (the batch's columns are the
+  named ones; the others are drawn as before and not used); any other name is a Zipf stream
+  of its own over its cardinality (``named_cardinalities``, default
+  :data:`DEFAULT_NAMED_CARDINALITY`), its permutation, ids, bags and weights from generators
+  seeded by (seed, split, step, batch_size, a stable hash of the name): deterministic in
+  (seed, name) and unchanged by the other features named.  The label's sparse term sums over
+  the named features (gain ``sparse_signal / sqrt(F)``), an other name's hidden scalar keyed by
+  its name and id, so a job learns from exactly the features it has.  The default job, and any
+  job naming ``cat_0 ... cat_25`` in order, gets today's batches bit for bit.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from cpu_dist.common.contracts import mix64
-from cpu_dist.common.tables import categorical_names
+from cpu_dist.common.tables import MAX_NAMED_CARDINALITY, NAMED_CARDINALITY, categorical_names
 from cpu_dist.data.batch import Bags, Batch
 from cpu_dist.data.keys import fuse_synthetic, synthetic_offsets
 
@@ -83,8 +94,26 @@ _SPLIT_CODES = {"train": 1, "eval": 2, "test": 3}
 _HIDDEN_SALT = 0x68696464656E  # "hidden": separates the label hash from other uses of seed
 _PERM_SALT = 0x7065726D  # "perm"
 _BAGS_SALT = 0x62616773  # "bags": the generators of bag lengths, bag ids and weights
+_NAMED_SALT = 0x6E616D6564  # "named": the generators of a feature of another name
 _WEIGHT_RANGE = (0.5, 1.5)  # per-id weights of a weighted feature, uniform in [lo, hi)
 _MAX_CARDINALITY = 2**31
+# A feature of another name than cat_0 ... cat_25 without a cardinality of its own (a job
+# file's [data] cardinalities, else its table's num_embeddings), and the largest.
+DEFAULT_NAMED_CARDINALITY = NAMED_CARDINALITY
+
+
+def name_hash(name: str) -> int:
+    """A feature name's 64-bit hash, the same in every process and Python version (blake2b,
+    not ``hash()``, which is salted per process): what seeds a named feature's stream."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def _affine(u0: float, u1: float, card: int) -> tuple[int, int]:
+    """``(a, c)`` of a bijection ``rank -> (a*rank + c) mod card`` from two uniforms."""
+    a = 1 + min(int(u0 * (card - 1)), card - 2) if card > 2 else 1
+    while math.gcd(a, card) != 1:  # 1 is coprime to everything: this ends
+        a = a % (card - 1) + 1
+    return a, min(int(u1 * card), card - 1)
 
 
 @functools.lru_cache(maxsize=64)
@@ -183,11 +212,17 @@ class SyntheticCriteo:
         bias: float = -1.3,
         bags: Mapping[str, tuple[int, int]] | None = None,
         weights: Sequence[str] = (),
+        features: Sequence[str] | None = None,
+        named_cardinalities: Mapping[str, int] | None = None,
     ) -> None:
         """Args (the keyword ones that shape the sparse features):
             bags: ``{feature: (MIN, MAX)}``, the multi-hot features (``cat_0`` ...: the
                 names of ``factory.feature_names``) and their bag-length ranges.
             weights: the features whose ids carry a weight each.
+            features: the batch's categorical columns, by name (None: ``cat_0`` ...
+                ``cat_{num_sparse-1}``); see the module docstring.
+            named_cardinalities: ``{name: N}`` of features of other names (default
+                :data:`DEFAULT_NAMED_CARDINALITY`).
 
         Example::
 
@@ -211,18 +246,19 @@ class SyntheticCriteo:
             raise ValueError("need num_dense >= 0 and num_sparse >= 1")
         if seed < 0:
             raise ValueError(f"seed must be non-negative, got {seed}")
-        self.cardinalities = cardinalities
         self.zipf_exponent = float(zipf_exponent)
         self.seed = int(seed)
         self.num_dense = int(num_dense)
-        self.num_sparse = int(num_sparse)
-        self.offsets = synthetic_offsets(cardinalities)
-        self.sparse_names = categorical_names(self.num_sparse)
+        self._num_base = int(num_sparse)  # the Criteo-shaped stream's features, cat_0 ...
+        base_names = categorical_names(self._num_base)
+        names = base_names if features is None else tuple(features)
+        self._columns(names, cardinalities, dict(named_cardinalities or {}))
+        self.num_sparse = len(names)
+        self.sparse_names = names
         self.bags, self.weights = _check_bags(self.sparse_names, bags, weights)
         # The features that get Bags, as (column, name) in column order.
         bagged = set(self.bags) | set(self.weights)
         self._bagged = [(f, n) for f, n in enumerate(self.sparse_names) if n in bagged]
-        self.num_keys = int(sum(cardinalities))
 
         hidden = np.random.default_rng([self.seed, _HIDDEN_SALT])
         # Count distributions of the dense features: medians from 1 to ~1000, varied spread.
@@ -231,28 +267,88 @@ class SyntheticCriteo:
         w = hidden.standard_normal(num_dense)
         norm = max(float(np.linalg.norm(w)), 1e-12)
         self._dense_w = w * (dense_signal / norm) if num_dense else w
-        self._sparse_gain = sparse_signal / math.sqrt(num_sparse)
+        self._sparse_gain = sparse_signal / math.sqrt(self.num_sparse)
         self._bias = float(bias)
-        self._perm_a, self._perm_c = self._permutations()
-        for card in set(cardinalities):  # built now, not in the first batch a trainer waits for
+        base_a, base_c = self._permutations(self._base_cards)
+        perm = []
+        for k, h, card in zip(self._base_of, self._hashes, self.cardinalities):
+            if k >= 0:  # a cat_k: the stream's own permutation
+                perm.append((int(base_a[k]), int(base_c[k])))
+            else:  # a named feature's, from its name's hash
+                u = _hash_uniform(self.seed, _PERM_SALT ^ h, np.arange(2))
+                perm.append(_affine(float(u[0]), float(u[1]), card))
+        self._perm_a = np.array([a for a, _ in perm], dtype=np.int64)
+        self._perm_c = np.array([c for _, c in perm], dtype=np.int64)
+        for card in set(
+            self.cardinalities
+        ):  # built now, not in the first batch a trainer waits for
             _zipf_guide(card, self.zipf_exponent)
 
-    def _permutations(self) -> tuple[np.ndarray, np.ndarray]:
+    def _columns(
+        self, names: Sequence[str], base_cards: Sequence[int], named: Mapping[str, int]
+    ) -> None:
+        """Each column's source: ``_base_of[j]`` the ``cat_k`` it is (-1: a named stream, its
+        name's hash ``_hashes[j]``), its cardinality and key offset (a ``cat_k``'s as in the
+        default job; a named feature's after every ``cat_k``'s, in column order)."""
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"features must be distinct names, at least one, got {names!r}")
+        unknown = sorted(set(named) - set(names))
+        if unknown:
+            raise ValueError(f"named_cardinalities names {unknown[0]!r}, which is no feature")
+        base = {n: k for k, n in enumerate(categorical_names(self._num_base))}
+        base_offsets = synthetic_offsets(base_cards)
+        self._base_cards = list(base_cards)
+        self._base_of, self._hashes, cards, offsets = [], [], [], []
+        end = int(sum(base_cards))
+        for name in names:
+            k = base.get(name, -1)
+            self._base_of.append(k)
+            if k >= 0:
+                if name in named:
+                    raise ValueError(f"{name!r} keeps the stream's own cardinality")
+                self._hashes.append(0)
+                cards.append(int(base_cards[k]))
+                offsets.append(int(base_offsets[k]))
+                continue
+            card = int(named.get(name, DEFAULT_NAMED_CARDINALITY))
+            if not 1 <= card <= MAX_NAMED_CARDINALITY:
+                raise ValueError(
+                    f"feature {name!r}: cardinality {card} must be in [1, {MAX_NAMED_CARDINALITY}]"
+                )
+            self._hashes.append(name_hash(name))
+            cards.append(card)
+            offsets.append(end)
+            end += card
+        self.cardinalities = cards
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.num_keys = end  # the key space: every cat_k's, then the named ones'
+
+    def _permutations(self, cardinalities: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Per-feature affine bijection ``rank -> (a*rank + c) mod card`` from a hash of seed."""
-        u = _hash_uniform(self.seed, _PERM_SALT, np.arange(2 * self.num_sparse))
-        a_list, c_list = [], []
-        for f, card in enumerate(self.cardinalities):
-            a = 1 + min(int(u[2 * f] * (card - 1)), card - 2) if card > 2 else 1
-            while math.gcd(a, card) != 1:  # 1 is coprime to everything: this ends
-                a = a % (card - 1) + 1
-            a_list.append(a)
-            c_list.append(min(int(u[2 * f + 1] * card), card - 1))
-        return np.array(a_list, dtype=np.int64), np.array(c_list, dtype=np.int64)
+        u = _hash_uniform(self.seed, _PERM_SALT, np.arange(2 * len(cardinalities)))
+        pairs = [_affine(u[2 * f], u[2 * f + 1], card) for f, card in enumerate(cardinalities)]
+        return (
+            np.array([a for a, _ in pairs], dtype=np.int64),
+            np.array([c for _, c in pairs], dtype=np.int64),
+        )
 
     def hidden_scalar(self, keys: np.ndarray) -> np.ndarray:
         """The hidden model's per-key contribution (unit variance, before the gain)."""
         u = _hash_uniform(self.seed, _HIDDEN_SALT, keys)
         return (u * 2.0 - 1.0) * math.sqrt(3.0)
+
+    def column_hidden(self, f: int, ids: np.ndarray) -> np.ndarray:
+        """:meth:`hidden_scalar` of column ``f``'s ids: a ``cat_k``'s by its fused key, a
+        named feature's by (its name, the id), whatever else the job names."""
+        if self._base_of[f] >= 0:
+            return self.hidden_scalar(np.asarray(ids, dtype=np.int64) + self.offsets[f])
+        u = _hash_uniform(self.seed, _HIDDEN_SALT ^ self._hashes[f], ids)
+        return (u * 2.0 - 1.0) * math.sqrt(3.0)
+
+    def _named_rng(self, f: int, split_code: int, step: int, batch_size: int):
+        """The generator of named column ``f``'s ids, bags and weights in one batch."""
+        key = [self.seed, _NAMED_SALT, split_code, int(step), int(batch_size), self._hashes[f]]
+        return np.random.default_rng(key)
 
     def feature_ids(self, f: int, u: np.ndarray) -> np.ndarray:
         """Feature ``f``'s ids (int64, not fused) for uniforms ``u`` in [0, 1): the Zipf rank
@@ -263,23 +359,32 @@ class SyntheticCriteo:
         return (self._perm_a[f] * rank + self._perm_c[f]) % card
 
     def sample_ids(self, rng: np.random.Generator, batch_size: int) -> np.ndarray:
-        """Per-feature ids ``[B, F]`` int64 (not yet fused)."""
-        ids = np.empty((batch_size, self.num_sparse), dtype=np.int64)
-        u = rng.random((self.num_sparse, batch_size))
-        for f in range(self.num_sparse):
-            ids[:, f] = self.feature_ids(f, u[f])
+        """Per-feature ids ``[B, F]`` int64 (not yet fused) of the ``cat_k`` columns: every
+        ``cat_k``'s uniforms are drawn (the stream's), those of named columns are 0 here."""
+        ids = np.zeros((batch_size, self.num_sparse), dtype=np.int64)
+        u = rng.random((self._num_base, batch_size))
+        for f, k in enumerate(self._base_of):
+            if k >= 0:
+                ids[:, f] = self.feature_ids(f, u[k])
         return ids
 
     def feature_bags(
-        self, f: int, split_code: int, step: int, batch_size: int, one_hot: np.ndarray
+        self,
+        f: int,
+        split_code: int,
+        step: int,
+        batch_size: int,
+        one_hot: np.ndarray,
+        rng: np.random.Generator | None = None,
     ) -> Bags:
         """Feature ``f``'s bags in a batch, from the feature's own generator (module
-        docstring); ``one_hot``: its one-hot ids ``[B]``, the bag of a weighted one-hot
-        feature."""
+        docstring; ``rng``: a named column's, after its one-hot draw); ``one_hot``: its
+        one-hot ids ``[B]``, the bag of a weighted one-hot feature."""
         name = self.sparse_names[f]
-        rng = np.random.default_rng(
-            [self.seed, _BAGS_SALT, split_code, int(step), int(batch_size), f]
-        )
+        if rng is None:  # a cat_k: seeded by its place in the stream, whatever else is named
+            rng = np.random.default_rng(
+                [self.seed, _BAGS_SALT, split_code, int(step), int(batch_size), self._base_of[f]]
+            )
         span = self.bags.get(name)
         if span is None:  # weighted one-hot: a bag of one, the one-hot id
             lengths = np.ones(batch_size, dtype=np.int64)
@@ -296,7 +401,7 @@ class SyntheticCriteo:
     def bag_signal(self, f: int, bags: Bags) -> np.ndarray:
         """The hidden model's term of feature ``f`` per sample (before the gain): the mean
         over its bag of ``w * h(offset[f] + id)``, 0 for an empty bag."""
-        h = self.hidden_scalar(bags.values + self.offsets[f])
+        h = self.column_hidden(f, bags.values)
         if bags.weights is not None:
             h = h * bags.weights
         sample = np.repeat(np.arange(len(bags), dtype=np.int64), bags.lengths)
@@ -317,11 +422,18 @@ class SyntheticCriteo:
         counts = np.floor(np.exp(self._dense_mu + self._dense_sigma * z))
         dense = np.log1p(counts).astype(np.float32)
         ids = self.sample_ids(rng, batch_size)
+        named = {}  # their own generators: rng's sequence is untouched
+        for f, k in enumerate(self._base_of):
+            if k < 0:
+                named[f] = self._named_rng(f, code, step, batch_size)
+                ids[:, f] = self.feature_ids(f, named[f].random(batch_size))
         keys = fuse_synthetic(ids, self.offsets)
         hidden = self.hidden_scalar(keys)
+        for f in named:
+            hidden[:, f] = self.column_hidden(f, ids[:, f])
         bags: dict[str, Bags] = {}
-        for f, name in self._bagged:  # their own generators: rng's sequence is untouched
-            bags[name] = self.feature_bags(f, code, step, batch_size, ids[:, f])
+        for f, name in self._bagged:
+            bags[name] = self.feature_bags(f, code, step, batch_size, ids[:, f], named.get(f))
             hidden[:, f] = self.bag_signal(f, bags[name])
         logit = self._bias + z @ self._dense_w
         logit += self._sparse_gain * hidden.sum(axis=1)

@@ -55,8 +55,11 @@ def test_a_flag_without_effect_is_warned_about_once():
 
 def test_a_bad_job_file_is_named_once_before_training(tmp_path):
     job = tmp_path / "job.toml"
-    features = ", ".join(f'"cat_{i}"' for i in range(25))  # cat_25 in no table
-    job.write_text(f'[job]\nbatch_size = 96\n\n[[tables]]\nname = "t"\nfeatures = [{features}]\n')
+    features = ", ".join(f'"cat_{i}"' for i in range(25))  # cat_25 in no table (Criteo data)
+    job.write_text(
+        f'[job]\nbatch_size = 96\n\n[[tables]]\nname = "t"\nfeatures = [{features}]\n\n'
+        '[data]\nkind = "criteo"\n'
+    )
     proc = mpirun(3, ["--worker-num", "2", "--config", str(job)], timeout=90)
     assert proc.returncode == 2, proc.stderr[-3000:]
     needle = f"{job}: [[tables]] features: 1 feature(s) of the data in no table: 'cat_25'"

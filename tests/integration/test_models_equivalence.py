@@ -104,6 +104,46 @@ def test_a_user_model_from_a_file_outside_the_package_equals_the_reference(job_f
     assert_close(got, want, 1e-4, "two_tower W=2 P=2")
 
 
+OWN_NAMES_TOML = """
+[[tables]]
+name = "users"
+dim = 4
+features = ["user"]
+num_embeddings = 5000
+optimizer = "rowwise_adagrad"
+lr = 0.1
+
+[[tables]]
+name = "items"
+dim = 8
+features = ["hist", "tags", "cat_3"]
+pooling = "mean"
+lr = 0.2
+
+[data]
+kind = "synthetic"
+dense = 5
+cardinalities = { tags = 300 }
+bags = { hist = [0, 5] }
+weights = ["tags"]
+"""
+
+
+def test_features_of_their_own_names_on_synthetic_data_equal_the_reference(tmp_path):
+    """A job file's own feature names (``user``, ``hist``, ``tags``) beside one of the
+    stream's (``cat_3``), a dense width of 5: the synthetic data makes them (the user's ids
+    under its table's num_embeddings, the tags' under [data] cardinalities) and the job
+    equals the reference."""
+    job_file = tmp_path / "own.toml"
+    job_file.write_text(OWN_NAMES_TOML)
+    args = flags(job_file)
+    want = reference(args, tmp_path / "reference.npz")
+    assert want["dense/bot.0.weight"].shape[1] == 5
+    assert 0 <= want["table/users/keys"].min() and want["table/users/keys"].max() < 5000
+    got = train(tmp_path, "own", 2, 2, args)
+    assert_close(got, want, 1e-4, "own feature names W=2 P=2")
+
+
 RULES_TOML = (
     three_tables(
         narrow={**TABLE_KEYS["narrow"], "admit_after": 2},

@@ -106,6 +106,9 @@ def toml_tables(*tables: dict) -> str:
     return "\n".join(out)
 
 
+CRITEO = '[data]\nkind = "criteo"\n'
+
+
 def two_tables(**first) -> str:
     return toml_tables(
         {"name": "a", "features": ALL[:2], **first}, {"name": "b", "features": ALL[2:]}
@@ -252,12 +255,13 @@ def test_the_criteo_example_has_kaggle_s_26_cardinalities(tmp_path):
             toml_tables({"name": "a", "features": ALL[:3]}, {"name": "b", "features": ALL[2:]}),
             ['"b"', "features", "'cat_2' is already in table \"a\""],
         ),
-        (
-            toml_tables({"name": "a", "features": ALL[:2]}, {"name": "b", "features": ALL[3:]}),
+        (  # Criteo data: every feature in a table (synthetic data makes those named)
+            toml_tables({"name": "a", "features": ALL[:2]}, {"name": "b", "features": ALL[3:]})
+            + CRITEO,
             ["features", "'cat_2'", "in no table"],
         ),
         (
-            toml_tables({"name": "a", "features": [*ALL, "item_id"]}),
+            toml_tables({"name": "a", "features": [*ALL, "item_id"]}) + CRITEO,
             ['"a"', "features", "'item_id' is not a feature"],
         ),
         (toml_tables({"features": ALL}), ["entry 1", "name", "missing"]),
