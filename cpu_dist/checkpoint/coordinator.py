@@ -6,6 +6,12 @@ its commit session is exactly at step t, so the files hold steps 0..t and nothin
 writes the dense state, then the manifest; the other workers wait at a barrier meanwhile, so
 no update of step t+1 can reach a shard before its file is written.
 
+The step directory is written under a temporary name (``temp_dir_name``: the shards write
+their files into it, worker 0 the dense state, then the manifest) and renamed to ``step-N``
+only when complete and only if no ``step-N`` is there (``publish``), so two runs never share
+one.  Worker 0 holds the directory (``owner.py``: ``OWNER.json``) and re-reads the record
+before each save and prune: a run that no longer holds it stops (exit 2).
+
 Restore: worker 0 picks the newest complete checkpoint, checks it (manifest, configuration,
 every file's presence and size, the dense file's checksum) before anything is loaded, then
 has every shard load the rows it owns from all shard files (re-partitioning when the shard
@@ -14,36 +20,55 @@ count changed); every worker then loads the dense state.  Training resumes at st
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import signal
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mpi4py import MPI
 
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
-from cpu_dist.common.files import fsync_dir
 from cpu_dist.common.mpi_context import EXIT_STOPPED, STOP, wait_all
 from cpu_dist.common.setting_flags import setting_flag
 from cpu_dist.sparse import Client
 
 from .manifest import (
     DENSE,
+    OUTPUTS,
     FileEntry,
     Manifest,
     check_files,
     check_matches,
     find_latest,
     prune,
+    publish,
     shard_file_name,
     shard_load_paths,
     step_dir_name,
     steps_done,
+    temp_dir_name,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:  # a PS rank's preflight reads manifests here and must not import torch
     import torch
+
+T = TypeVar("T")
+
+# A test hook: worker 0 sends itself SIGTERM as the named evaluation starts ("eval",
+# "final_eval", "test"), so that a test stops a job at that point deterministically.
+TEST_STOP_AT_ENV = "CPU_DIST_TEST_STOP_AT"
+
+
+class StopRequested(Exception):
+    """Raised on every worker together out of an evaluation that an agreed stop request
+    interrupts (``Checkpointer.interruptible``); the caller checkpoints and stops."""
+
 
 # Settings a resumed job must share with the checkpoint: they decide what the saved state means.
 # The learning rates are not among them: the sparse one travels with every commit, the dense
@@ -111,6 +136,22 @@ def job_tables(cfg: Config) -> list[dict[str, Any]]:
     return [{**t.spec(cfg.train.seed), "features": list(t.features)} for t in cfg.tables.tables]
 
 
+def job_outputs(cfg: Config) -> list[str]:
+    """What this job produces once training is complete (manifest.OUTPUTS keys, in order)."""
+    out = cfg.output
+    wanted = {
+        "final_eval": True,
+        "test": out.test_batches != 0,
+        "dump_state": bool(out.dump_state),
+        "export": bool(out.export),
+    }
+    return [o for o in OUTPUTS if wanted[o]]
+
+
+def describe_owed(owed: list[str]) -> str:
+    return ", ".join(OUTPUTS[o] for o in owed)
+
+
 def changed_settings(saved: dict, now: dict) -> list[str]:
     """``--flag OLD -> NEW`` for every setting a resumed run changed (none of MUST_MATCH:
     the check refused those): the learning rates, the step count, logging, ..."""
@@ -161,6 +202,7 @@ class Checkpointer:
         dense: DenseOptimizer,
         commits: Commits,
         model_source_sha256: str | None = None,
+        owner: Owner | None = None,
     ) -> None:
         ck = cfg.checkpoint
         self.cfg, self.comm, self.client = cfg, comm, client
@@ -175,55 +217,141 @@ class Checkpointer:
         # The other workers wait while the chief has every shard write: the checkpoint's whole
         # budget on top of the usual wait for each other.
         self.wait_s = cfg.job.barrier_timeout_s + ck.timeout_s
-        self.saved: list[int] = []
-        # This run's id: a fresh run's own (worker 0 makes it), a resumed run's checkpoint's.
-        self.run_id: str = comm.bcast(secrets.token_hex(8) if self.chief else None, root=0)
+        self.saved: list[int] = []  # steps of this run's checkpoints (and the one restored)
+        self.owner = owner if self.chief else None  # worker 0's hold on the directory
+        # This run's id: the one its owner record names (a fresh run's own, a resumed run's
+        # checkpoint's; the preflight chose it), else made here by worker 0.
+        mine = owner.run_id if owner is not None else secrets.token_hex(8)
+        self.run_id: str = comm.bcast(mine if self.chief else None, root=0)
+        self.outputs = job_outputs(cfg)  # what this run owes once training is complete
+        self.owed: list[str] = []  # a restored checkpoint's (of this run's outputs)
+        self.last: Manifest | None = None  # worker 0: the newest written or restored
 
     # -- save ---------------------------------------------------------------------------
     def after_step(self, step: int) -> None:
+        if self.owner is not None:
+            self.owner.renew_if_due()
         if self.root is not None and self.every > 0 and (step + 1) % self.every == 0:
             self.save(step)
+
+    def stop_agreed(self) -> bool:
+        """Collective: whether any worker (or a PS rank) was asked to stop.  Without
+        --checkpoint-dir the stop signals keep their default action (the job dies), so
+        there is nothing to agree on."""
+        return self.root is not None and STOP.agreed(self.comm)
 
     def stop_requested(self, step: int) -> bool:
         """At the boundary after ``step`` (every worker calls it): True when any worker was
         asked to stop (``STOP``), after the state of steps 0..step is saved (unless
-        ``after_step`` just saved it).  Without --checkpoint-dir the stop signals keep their
-        default action (the job dies), so there is nothing to agree on."""
-        if self.root is None or not STOP.agreed(self.comm):
+        ``after_step`` just saved it); after the last step that checkpoint owes every
+        output."""
+        if not self.stop_agreed():
             return False
-        if not self.saved or self.saved[-1] != step:
-            self.save(step)
+        self.stop_owing(step)
+        return True
+
+    def stop_owing(self, step: int, owed: list[str] | None = None) -> None:
+        """Every worker, on an agreed stop: the state of steps 0..step is in a checkpoint that
+        records ``owed`` (None: what a checkpoint after ``step`` owes), and worker 0 says so."""
+        owed = self._owed_at(step) if owed is None else owed
+        if self.saved and self.saved[-1] == step:
+            if self.chief:
+                self._record_owed(owed)
+        else:
+            self.save(step, owed)
         if self.chief:
+            assert self.root is not None
+            more = f" (owing {describe_owed(owed)}, which --resume makes)" if owed else ""
             print(
                 f"cpu_dist: stopped on request after {steps_done(step)} steps; checkpoint "
-                f"{self.root / step_dir_name(steps_done(step))} written; exit code "
+                f"{self.root / step_dir_name(steps_done(step))} written{more}; exit code "
                 f"{EXIT_STOPPED}, --resume continues",
                 file=sys.stderr,
                 flush=True,
             )
-        return True
 
-    def save(self, step: int) -> None:
+    def outputs_done(self, step: int) -> bool:
+        """Every worker, once the outputs are made: the checkpoint after ``step`` (the last),
+        if there is one, owes nothing any more.  True when a stop was asked meanwhile: the
+        job then ends as stopped (exit 75) with that checkpoint written."""
+        if self.stop_agreed():
+            self.stop_owing(step, [])
+            return True
+        if self.chief and self.saved and self.saved[-1] == step:
+            self._record_owed([])
+        return False
+
+    def interruptible(self, batches: Iterable[T], point: str) -> Iterator[T]:
+        """``batches`` of an evaluation, asking before each whether a stop was agreed (every
+        worker walks the same global batches, so all ask at the same one) and renewing
+        worker 0's hold on the directory; raises StopRequested on every worker together."""
+        for batch in batches:
+            if self.root is not None:
+                if self.chief and os.environ.get(TEST_STOP_AT_ENV) == point and not STOP.requested:
+                    signal.raise_signal(signal.SIGTERM)
+                if self.owner is not None:
+                    self.owner.renew_if_due()
+                if STOP.agreed(self.comm):
+                    raise StopRequested(point)
+            yield batch
+
+    def _owed_at(self, step: int) -> list[str]:
+        return list(self.outputs) if steps_done(step) >= self.cfg.train.max_step else []
+
+    def _record_owed(self, owed: list[str]) -> None:
+        """Worker 0: the newest checkpoint (written or restored by this run) records ``owed``."""
+        m = self.last
+        if m is None or m.path is None or m.owed == owed:
+            return
+        if self.owner is not None:
+            self.owner.check(f"the manifest of {m.path}")
+        m.owed = list(owed)
+        m.write(m.path)
+
+    def save(self, step: int, owed: list[str] | None = None) -> None:
         self.commits.wait_readable(step + 1)  # step is applied on every shard
         optimizer_state = self.dense.optimizer_state()  # collective (a sharded optimizer)
         if self.chief:
-            self._write(step, optimizer_state)
+            self._write(step, optimizer_state, self._owed_at(step) if owed is None else owed)
         wait_all(self.comm, self.wait_s, f"checkpoint of step {step}")
         self.saved.append(step)
 
-    def _write(self, step: int, optimizer_state: dict[str, Any]) -> Manifest:
+    def _write(self, step: int, optimizer_state: dict[str, Any], owed: list[str]) -> Manifest:
+        """Worker 0: the step directory, written under a temporary name and published."""
         assert self.root is not None
         name = step_dir_name(steps_done(step))
-        step_dir = self.root / name
+        if self.owner is not None:
+            self.owner.check(f"checkpoint {name}")
         self.root.mkdir(parents=True, exist_ok=True)
-        step_dir.mkdir(exist_ok=True)
-        fsync_dir(self.root)  # the new directory survives a crash before the manifest
+        work = self.root / temp_dir_name(name, self.run_id)
+        work.mkdir()
+        try:
+            m = self._fill(work, step, optimizer_state, owed)
+            publish(work, self.root / name)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        m.path = self.root / name
+        self.last = m
+        if self.owner is not None:
+            self.owner.renew("pruning")  # re-read: prune only while the directory is ours
+        if self.keep > 0:
+            prune(self.root, self.keep, self.run_id)
+        return m
+
+    def _fill(
+        self, work: Path, step: int, optimizer_state: dict[str, Any], owed: list[str]
+    ) -> Manifest:
+        """Every file of a checkpoint into ``work``: the shards', the dense state, then the
+        manifest."""
+        assert self.root is not None
+        name = step_dir_name(steps_done(step))
         n = self.client.num_shards
         files = [shard_file_name(i, n) for i in range(n)]
-        # PS ranks of the job write into the step directory (their directory is the job's);
-        # standalone shards under their own directory, in a folder of this run, so that jobs
-        # sharing a shard never share files.
-        prefix = f"{self.run_id}/{name}" if self.external else name
+        # PS ranks of the job write into the step directory being written (their directory is
+        # the job's); standalone shards under their own directory, in a folder of this run, so
+        # that jobs sharing a shard never share files.
+        prefix = f"{self.run_id}/{name}" if self.external else work.name
         paths = [f"{prefix}/{f}" for f in files]
         session = self.commits.session
         results = self.client.save(
@@ -241,7 +369,7 @@ class Checkpointer:
         ]
         from . import dense_state  # torch: only where a dense state is written
 
-        dense = dense_state.save_dense(step_dir / DENSE, self.model, optimizer_state, step)
+        dense = dense_state.save_dense(work / DENSE, self.model, optimizer_state, step)
         tables = job_tables(self.cfg)
         m = Manifest(
             step=step,
@@ -253,10 +381,9 @@ class Checkpointer:
             config=self.settings,
             run_id=self.run_id,
             tables=tables,
+            owed=list(owed),
         )
-        m.write(step_dir)
-        if self.keep > 0:
-            prune(self.root, self.keep, self.run_id)
+        m.write(work)
         return m
 
     # -- restore ------------------------------------------------------------------------
@@ -293,11 +420,14 @@ class Checkpointer:
                     [e.crc32 for e in m.shards],
                     timeout_s=self.timeout_s,
                 )
-                info = (str(m.path), m.step, m.run_id or self.run_id)
+                info = (str(m.path), m.step, m.run_id or self.run_id, m.owed)
+                self.last = m
         info = self.comm.bcast(info, root=0)
         if info is None:
             return 0
-        path, step, self.run_id = info
+        path, step, self.run_id, owed = info
+        self.saved.append(step)  # a stop right away records what it owes in this one
+        self.owed = [o for o in owed if o in self.outputs]
         from . import dense_state  # torch: only where a dense state is read
 
         optimizer_state = dense_state.load_dense(Path(path) / DENSE, self.model, step)

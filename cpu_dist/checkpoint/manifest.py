@@ -4,8 +4,11 @@ one with a manifest must be whole, and every problem with it is an error that na
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import secrets
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +28,18 @@ TABLE_FIELDS = (*SPEC_KEYS, "features")
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
+# A step directory being written, by run <id>: ``.step-N.tmp-<run id>-<8 hex>``, renamed to
+# ``step-N`` once every file and the manifest are in it.
+_TEMP_DIR = re.compile(r"^\.step-\d{8,}\.tmp-(.*)-[0-9a-f]{8}$")
+# What a job produces once training is complete, in the order it produces them; a checkpoint
+# after the last step records those still owed (``Manifest.owed``), and a ``--resume`` that
+# finds training complete produces them.
+OUTPUTS = {
+    "final_eval": "the final evaluation",
+    "test": "the test evaluation",
+    "dump_state": "--dump-state",
+    "export": "--export",
+}
 
 
 class CheckpointError(RuntimeError):
@@ -79,6 +94,9 @@ class Manifest:
     # Every table (TABLE_FIELDS), in the job's order; empty in versions 1 and 2, which hold
     # the one table ``table`` of dim ``dim`` (the default job's).
     tables: list[dict] = field(default_factory=list)
+    # What the run still owed when it wrote this (OUTPUTS keys; only a checkpoint after the
+    # last step owes anything); absent in manifests written before: nothing owed.
+    owed: list[str] = field(default_factory=list)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     path: Path | None = None  # the step directory (not stored)
@@ -123,10 +141,13 @@ def read_manifest(step_dir: Path) -> Manifest:
             config=dict(raw.get("config", {})),
             run_id=str(raw.get("run_id", "")),
             tables=[dict(t) for t in raw.get("tables", [])],
+            owed=list(raw.get("owed", [])),
             format_version=int(raw["format_version"]),
         )
         if any(not isinstance(t.get("name"), str) for t in m.tables):
             raise ValueError("a table without a name")
+        if any(o not in OUTPUTS for o in m.owed):
+            raise ValueError(f"owed {m.owed!r}, outputs are {', '.join(OUTPUTS)}")
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {path}: corrupt manifest (bad or missing field: {exc})"
@@ -250,6 +271,54 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(out, reverse=True)
 
 
+def temp_dir_name(name: str, run_id: str) -> str:
+    """Where run ``run_id`` writes step directory ``name`` before it is complete (invisible
+    to ``step_dirs``, which knows only ``step-N``)."""
+    return f".{name}.tmp-{run_id}-{secrets.token_hex(4)}"
+
+
+def own_temp_dirs(root: Path, run_id: str) -> list[Path]:
+    """Run ``run_id``'s unfinished step directories (a crashed attempt's)."""
+    if not root.is_dir():
+        return []
+    return [
+        p
+        for p in root.iterdir()
+        if (m := _TEMP_DIR.match(p.name)) and m.group(1) == run_id and p.is_dir()
+    ]
+
+
+def publish(work: Path, final: Path) -> None:
+    """Renames the complete step directory ``work`` to ``final`` if nothing is there: two runs
+    never share a step directory.  (``rename`` replaces only an empty directory, which holds
+    nothing of anyone's; a folder with files refuses it.)"""
+    if final.exists() or final.is_symlink():
+        raise CheckpointError(_taken(final))
+    try:
+        os.rename(work, final)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+            raise CheckpointError(_taken(final)) from None
+        raise
+    fsync_dir(final.parent)
+
+
+def _taken(final: Path) -> str:
+    try:
+        whose = (
+            f"a checkpoint of run {read_manifest(final).run_id or '?'}"
+            if (final / MANIFEST).exists()
+            else "an unfinished folder of no known run"
+        )
+    except CheckpointError:
+        whose = "a folder whose manifest cannot be read"
+    return (
+        f"checkpoint {final}: already exists ({whose}); another run writes into "
+        f"{final.parent}, or an earlier version left it there: this checkpoint was not written "
+        "(remove the folder if no job writes it)"
+    )
+
+
 def find_latest(root: Path) -> Manifest | None:
     """The newest complete checkpoint (one with a manifest); None if there is none.  A
     manifest that exists but cannot be read is an error, not a reason to go back further."""
@@ -260,9 +329,12 @@ def find_latest(root: Path) -> Manifest | None:
 
 
 def prune(root: Path, keep: int, run_id: str | None = None) -> list[Path]:
-    """Removes all but the newest ``keep`` complete checkpoints of run ``run_id`` (None: of
-    any run), and unfinished directories older than the newest complete one.  Returns what it
-    removed; the root is fsynced after it."""
+    """Removes all but the newest ``keep`` complete checkpoints of run ``run_id`` and the
+    run's unfinished step directories (``temp_dir_name``: a crashed attempt's; call it when
+    the run writes none).  None: the complete checkpoints of any run, and unfinished
+    ``step-N`` directories older than the newest complete one (versions before the temporary
+    names wrote into ``step-N``; a run never removes one, as no one can tell whose it is).
+    Returns what it removed; the root is fsynced after it."""
     removed, complete = [], 0
     for _, d in step_dirs(root):
         if (d / MANIFEST).exists():
@@ -271,8 +343,11 @@ def prune(root: Path, keep: int, run_id: str | None = None) -> list[Path]:
             complete += 1
             if complete <= keep:
                 continue
-        elif complete == 0:
-            continue  # possibly being written right now
+        elif complete == 0 or run_id is not None:
+            continue  # possibly being written right now, and of no known run
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    for d in own_temp_dirs(root, run_id) if run_id is not None else []:
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
     if removed:

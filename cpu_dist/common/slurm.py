@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-__all__ = ["check_launch_environment", "check_world_size"]
+__all__ = ["check_launch_environment", "check_world_size", "slurm_job"]
 
 # Variables through which a launcher hands a task its PMI/PMIx server (Slurm's pmix and pmi2
 # plugins, OpenMPI's mpirun, MPICH's hydra). Any of them means "a launcher wired this task up".
@@ -118,3 +118,14 @@ def check_world_size(world_size: int, environ: Mapping[str, str] | None = None) 
         f"(SLURM_NTASKS={tasks}, this is task {env.get('SLURM_PROCID', '?')}): the tasks came "
         f"up as separate MPI jobs, not as one. {_fix_hint(env)}"
     )
+
+
+def slurm_job(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``) of this process, "" where unset.
+
+    A checkpoint directory's owner record keeps them (``cpu_dist.checkpoint.owner``): a
+    requeued job keeps its job id (and counts one more restart), so a ``--resume`` of the same
+    Slurm job may take over the directory its earlier, preempted run still appears to hold.
+    """
+    env = _env(environ)
+    return env.get("SLURM_JOB_ID", "").strip(), env.get("SLURM_RESTART_COUNT", "").strip()

@@ -6,6 +6,7 @@ import signal
 import sys
 
 from cpu_dist.checkpoint.manifest import CheckpointError
+from cpu_dist.checkpoint.owner import Owner
 from cpu_dist.common.config import Config, ModelError
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.mpi_context import (
@@ -91,7 +92,17 @@ def run_job(cfg: Config, roles: Roles) -> int:
     token, session = share_job_secret(roles, shards_token) if problem is None else ("", 0)
     if problem is not None:
         raise SetupError(problem)  # every rank: rank 0 prints it (run_or_abort), all exit 2
-    preflight(cfg, roles, token)
+    owner = preflight(cfg, roles, token)  # world rank 0's hold on --checkpoint-dir
+    try:
+        return _run_roles(cfg, roles, token, session, owner)
+    finally:  # every exit the job controls frees the directory (a stop's too: it requeues)
+        if owner is not None:
+            owner.release()
+
+
+def _run_roles(cfg: Config, roles: Roles, token: str, session: int, owner: Owner | None) -> int:
+    """The job after the preflight: PS ranks serve, workers train; the agreed exit code."""
+    external = cfg.job.external_shards
     job_host = ps_listen_host(roles, cfg.job.ps_host, cfg.job.ps_interface)
     if cfg.job.ps_type.lower() == "rdma":
         if any(roles.world.allgather(job_host != "127.0.0.1")):  # one verdict for all ranks
@@ -119,7 +130,7 @@ def run_job(cfg: Config, roles: Roles) -> int:
             else exchange_ps_addresses(roles, None, None, cfg.job.barrier_timeout_s)
         )
         try:
-            stopped = train_worker(cfg, roles, token, session, addresses, not external)
+            stopped = train_worker(cfg, roles, token, session, addresses, not external, owner)
         except PSError as exc:
             renamed = _name_shard_rank(exc, roles, external)
             if renamed is exc:

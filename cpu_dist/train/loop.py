@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from cpu_dist.checkpoint.coordinator import Checkpointer
+from cpu_dist.checkpoint.coordinator import Checkpointer, StopRequested, describe_owed
+from cpu_dist.checkpoint.owner import Owner
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
@@ -101,7 +102,15 @@ def make_client(
 class Worker:
     """One worker's run: built from the Config, then :meth:`run`."""
 
-    def __init__(self, cfg: Config, roles: Roles, token: str, session: int, addresses: list[str]):
+    def __init__(
+        self,
+        cfg: Config,
+        roles: Roles,
+        token: str,
+        session: int,
+        addresses: list[str],
+        owner: Owner | None = None,
+    ):
         self.cfg, self.comm = cfg, roles.comm
         self.rank, self.world = roles.role_rank, roles.role_size
         self.chief = self.rank == 0
@@ -137,6 +146,7 @@ class Worker:
             self.dense,
             self.committer,
             model_source_sha256=source_sha256(model_name(cfg)),
+            owner=owner,
         )
         self.start = self.checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
         self.committer.start_at(self.start)
@@ -144,9 +154,11 @@ class Worker:
             cfg, self.client, self.committer, self.comm, self.dataset, self.timer, self._unique
         )
         self.done = self.start >= cfg.train.max_step  # a resume of a finished run
-        self.log = metrics.RunLog(  # (which leaves the earlier run's logs as they are)
-            cfg.output.metrics_out if self.chief and not self.done else None,
-            cfg.output.tensorboard if self.chief and not self.done else None,
+        # (a finished run that leaves nothing owed leaves the earlier run's logs as they are)
+        logs = self.chief and (not self.done or bool(self.checkpointer.owed))
+        self.log = metrics.RunLog(
+            cfg.output.metrics_out if logs else None,
+            cfg.output.tensorboard if logs else None,
             run_id=self.checkpointer.run_id,  # a resumed run continues its log
             resume_at=self.start or None,
         )
@@ -297,11 +309,13 @@ class Worker:
     def run(self, stop_shards: bool) -> bool:
         """Trains; True when the job was asked to stop (and checkpointed where it stopped)."""
         cfg = self.cfg
-        if self.done:
+        if self.done and not self.checkpointer.owed:
             self._nothing_to_do(stop_shards)
             return False
+        if self.done:  # a stopped run's checkpoint after its last step: make what it owes
+            self._batches.close()
         if self.chief:
-            print(f"cpu_dist: {self.length.describe(self.start)}", flush=True)
+            print(f"cpu_dist: {self._start_line()}", flush=True)
         bar = metrics.progress(
             cfg.train.max_step, enabled=self.chief and cfg.output.progress, initial=self.start
         )
@@ -322,8 +336,11 @@ class Worker:
             window.samples += cfg.train.batch_size
             window.add_loss(loss.item())
             self.checkpointer.after_step(step)  # --checkpoint-every: at this step boundary
-            self._after_step(step, steps, loss, window, bar)
-            if step + 1 < steps and self.checkpointer.stop_requested(step):  # SIGTERM, SIGUSR1
+            try:
+                self._after_step(step, steps, loss, window, bar)
+            except StopRequested:  # an evaluation stopped part way: checkpointed just below
+                pass
+            if self.checkpointer.stop_requested(step):  # SIGTERM, SIGUSR1; the last step too
                 steps, stopped = step + 1, True
                 break
         bar.close()
@@ -332,8 +349,16 @@ class Worker:
         if stopped:  # checkpointed: no evaluation or outputs, the resumed run makes them
             self._close(stop_shards)
         else:
-            self._end(steps, time.perf_counter() - run_t0, stop_shards)
+            stopped = self._end(max(steps, self.start), time.perf_counter() - run_t0, stop_shards)
         return stopped
+
+    def _start_line(self) -> str:
+        if self.done:
+            return (
+                f"training is complete ({self.start:,} steps); making what the stopped run "
+                f"owes: {describe_owed(self.checkpointer.owed)}"
+            )
+        return self.length.describe(self.start)
 
     def _after_step(
         self, step: int, steps: int, loss: torch.Tensor, window: metrics.Window, bar
@@ -387,7 +412,7 @@ class Worker:
             batches = self.dataset.test_batches(bs, out.test_batches)
         result = evaluate_model(
             self.model,
-            batches,
+            self.checkpointer.interruptible(batches, "final_eval" if final else split),
             self.comm,
             dtype=self.dtype,
             plan=self._plan,
@@ -431,10 +456,27 @@ class Worker:
             args=model_args(self.cfg),
         )
 
-    def _end(self, steps: int, run_s: float, stop_shards: bool) -> None:
-        result = self._evaluate(steps, final=True)
-        if self.cfg.output.test_batches != 0:
-            result.update(self._evaluate(steps, "test"))
+    def _end(self, steps: int, run_s: float, stop_shards: bool) -> bool:
+        """The outputs of a run whose training is complete (of a resume that finds it
+        complete: what the stopped run's checkpoint owes), then the summary.  True when a
+        stop was asked meanwhile: the checkpoint after the last step then records what is
+        still owed, and the job exits 75."""
+        ck = self.checkpointer
+        left = list(ck.owed if self.done else ck.outputs)
+        result: dict[str, float] = {}
+        try:
+            if "final_eval" in left:
+                result = self._evaluate(steps, final=True)
+                left.remove("final_eval")
+            if "test" in left:
+                result.update(self._evaluate(steps, "test"))
+                left.remove("test")
+            if ck.stop_agreed():  # before worker 0's own outputs, which no one can interrupt
+                raise StopRequested("outputs")
+        except StopRequested:
+            ck.stop_owing(steps - 1, left)
+            self._close(stop_shards)
+            return True
         # Every worker's counters, gathered once (the workers have just met in the
         # evaluation): the summary keeps worker 0's under their names and adds the reduced
         # figures as <key>_sum, _max or _mean (metrics.reduce_workers).
@@ -443,9 +485,10 @@ class Worker:
         traffic = self.comm.gather(self.traffic, root=0)
         if self.chief:
             assert everyone is not None and traffic is not None
-            if self.cfg.output.dump_state:
+            if "dump_state" in left:
+                assert self.cfg.output.dump_state is not None
                 write_dump(self.cfg.output.dump_state, self._dump_arrays())
-            if self.cfg.output.export:
+            if "export" in left:
                 self._export(steps)
             head: dict[str, Any] = {
                 "steps": steps,
@@ -472,10 +515,12 @@ class Worker:
             summary = {**head, **counters, **metrics.reduce_workers(everyone)}
             self.log.write({"summary": summary})
             print(metrics.summary_table(summary), flush=True)
+        stopped = ck.outputs_done(steps - 1)  # the last checkpoint owes nothing now
         self.log.close()
         wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")
         if self.chief and stop_shards:
             self.client.shutdown()
+        return stopped
 
 
 def train_worker(
@@ -485,6 +530,8 @@ def train_worker(
     session: int,
     addresses: list[str],
     stop_shards: bool,
+    owner: Owner | None = None,
 ) -> bool:
-    """True when the job stopped on request (``Worker.run``)."""
-    return Worker(cfg, roles, token, session, addresses).run(stop_shards)
+    """True when the job stopped on request (``Worker.run``); ``owner``: world rank 0's hold
+    on the checkpoint directory (the preflight's)."""
+    return Worker(cfg, roles, token, session, addresses, owner).run(stop_shards)

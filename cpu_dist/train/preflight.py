@@ -1,19 +1,22 @@
 """Checks of a job's surroundings before anything is trained or written, with a verdict every
-rank shares (exit code 2, one message): a checkpoint directory that belongs to another run,
-and external shards (``--ps_list`` without PS ranks) that do not match the job or already
+rank shares (exit code 2, one message): a checkpoint directory that another run holds
+(``OWNER.json``, taken here by world rank 0, which is worker 0) or holds checkpoints of, and
+external shards (``--ps_list`` without PS ranks) that do not match the job or already
 hold another job's rows.  A job whose job file declares tables creates them on the external
 shards (``Client.create_tables``: idempotent for an identical spec, refused naming the table
 and the field for another).  The flags themselves were checked by ``cpu_dist.common.flags``."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from cpu_dist.checkpoint.coordinator import checkpoint_to_resume
-from cpu_dist.checkpoint.manifest import CheckpointError, find_latest
+from cpu_dist.checkpoint.manifest import CheckpointError, Manifest, find_latest
+from cpu_dist.checkpoint.owner import Owner, OwnerError, claim
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.files import OutputError
@@ -34,20 +37,48 @@ def _checkpoint_to_resume(cfg: Config) -> bool:
     return cfg.checkpoint.dir is not None and find_latest(Path(cfg.checkpoint.dir)) is not None
 
 
-def check_checkpoint_dir(cfg: Config) -> None:
-    """A fresh run must not share a directory with another run's checkpoints: it would prune
-    them, or a later --resume would continue the wrong run.  A resume's checkpoint must be
-    whole and match the job (``checkpoint_to_resume``)."""
+def _newest(cfg: Config) -> Manifest | None:
+    assert cfg.checkpoint.dir is not None
+    try:
+        return find_latest(Path(cfg.checkpoint.dir))
+    except CheckpointError as exc:
+        raise SetupError(str(exc)) from None
+
+
+def check_checkpoint_dir(cfg: Config) -> Owner | None:
+    """Takes the checkpoint directory for this run (``owner.claim``: refused while another
+    run holds it), then, holding it: a fresh run must not share it with another run's
+    checkpoints (it would prune them, or a later --resume would continue the wrong run); a
+    resume's checkpoint must be whole and match the job (``checkpoint_to_resume``).  Returns
+    the hold (worker 0 renews and releases it); the run id it names is the run's: a fresh
+    one, or the checkpoint's for a resume (a resume of the same run takes the record over)."""
     ck = cfg.checkpoint
     if ck.dir is None:
-        return
+        return None
+    newest = _newest(cfg) if ck.resume else None
+    run_id = newest.run_id if newest is not None and newest.run_id else secrets.token_hex(8)
+    try:
+        owner = claim(Path(ck.dir).resolve(), run_id, resume=ck.resume, flag_dir=ck.dir)
+    except OwnerError as exc:
+        raise SetupError(str(exc)) from None
+    try:
+        _check_held_dir(cfg)
+    except BaseException:
+        owner.release()
+        raise
+    return owner
+
+
+def _check_held_dir(cfg: Config) -> None:
+    ck = cfg.checkpoint
+    assert ck.dir is not None
     if ck.resume:
         try:
             checkpoint_to_resume(cfg)
         except CheckpointError as exc:
             raise SetupError(str(exc)) from None
         return
-    latest = find_latest(Path(ck.dir))
+    latest = _newest(cfg)
     if latest is not None:
         raise SetupError(
             f"--checkpoint-dir {ck.dir} already holds checkpoints of another run (newest: "
@@ -185,19 +216,27 @@ def check_external_checkpoint_dirs(cfg: Config, token: str) -> None:
             client.close()
 
 
-def preflight(cfg: Config, roles: Roles, token: str) -> None:
-    """Raises SetupError on every rank when world rank 0 finds the job cannot start."""
-    verdict = None
+def preflight(cfg: Config, roles: Roles, token: str) -> Owner | None:
+    """Raises SetupError on every rank when world rank 0 finds the job cannot start.  Returns
+    world rank 0's hold on the checkpoint directory (None elsewhere, and without one); the
+    caller releases it at every exit."""
+    verdict, owner = None, None
     if roles.rank == 0:
         try:
-            check_checkpoint_dir(cfg)
+            owner = check_checkpoint_dir(cfg)
             check_resume_log(cfg)  # --resume continues its own run's --metrics-out only
             if cfg.job.external_shards:
                 check_external_shards(cfg, token)
                 check_external_checkpoint_dirs(cfg, token)
                 create_job_tables(cfg, token)  # last: nothing is created for a job refused
-        except (SetupError, OutputError) as exc:
+        except BaseException as exc:
+            if owner is not None:  # refused (or failed) after all: the directory is free
+                owner.release()
+                owner = None
+            if not isinstance(exc, (SetupError, OutputError)):
+                raise
             verdict = str(exc)
     verdict = roles.world.bcast(verdict, root=0)
     if verdict is not None:
         raise SetupError(verdict)
+    return owner

@@ -185,3 +185,43 @@ def test_sigterm_to_run_sh_reaches_the_ranks_at_once(tmp_path):
             proc.wait()
     assert proc.returncode == EXIT_STOPPED, err[-3000:]
     assert "stopped on request" in err and len(checkpoints(d)) == 1, err[-3000:]
+
+
+def test_a_stop_during_the_final_evaluation_exits_75_and_the_resume_makes_what_it_owes(tmp_path):
+    """The stop arrives as the final evaluation starts (worker 0 sends itself SIGTERM there,
+    CPU_DIST_TEST_STOP_AT): the job exits 75 with a checkpoint after its last step that owes
+    every output; the requeued --resume makes exactly those, as the run never stopped did."""
+    from cpu_dist.checkpoint.coordinator import TEST_STOP_AT_ENV
+    from cpu_dist.checkpoint.manifest import find_latest
+
+    d, bundle, log, dump = (tmp_path / n for n in ("ck", "bundle", "m.jsonl", "d.npz"))
+    flags = ["--worker-num", "1", *SMALL, *ckpt(d), "--export", str(bundle)]
+    flags += ["--metrics-out", str(log), "--dump-state", str(dump)]
+    stopped = mpirun(2, flags, env={TEST_STOP_AT_ENV: "final_eval"})
+    assert stopped.returncode == EXIT_STOPPED, stopped.stderr[-3000:]
+    assert "stopped on request after 20 steps" in stopped.stderr
+    m = find_latest(d)
+    assert m is not None and m.owed == ["final_eval", "test", "dump_state", "export"]
+    assert not bundle.exists() and not dump.exists() and not (d / "OWNER.json").exists()
+    assert "eval_auc" not in log.read_text()
+
+    resumed = mpirun(2, [*flags, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "making what the stopped run owes: the final evaluation" in resumed.stdout
+    assert find_latest(d).owed == []
+    assert (bundle / "manifest.json").exists()
+    whole = train(tmp_path, "whole", 1, 1, ["--metrics-out", str(tmp_path / "whole.jsonl")])
+    with np.load(dump) as z:
+        assert set(z.files) == set(whole)
+        for k in whole:
+            np.testing.assert_array_equal(z[k], whole[k], err_msg=k)
+
+    def finals(path: Path) -> dict:
+        return {
+            k: v
+            for line in path.read_text().splitlines()
+            for k, v in json.loads(line).items()
+            if k.startswith(("eval_", "test_"))
+        }
+
+    assert finals(log) == finals(tmp_path / "whole.jsonl") != {}
