@@ -2,6 +2,7 @@
 
 Layout of ``--checkpoint-dir DIR`` (see README "Checkpoints"):
 
+    DIR/OWNER.json                               the run that holds DIR (owner.py)
     DIR/step-00000123/shard-00000-of-00002.bin   after 123 steps: one per PS shard (its own file)
     DIR/step-00000123/dense.pt                   dense params, optimizer, RNG, data position
     DIR/step-00000123/manifest.json              written last: a directory without one is ignored
