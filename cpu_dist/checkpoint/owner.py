@@ -96,19 +96,27 @@ def _parse(raw: bytes, mtime: float) -> OwnerRecord:
         return OwnerRecord(run_id="?", host="", pid=0, since=mtime, heartbeat=mtime, claim="?")
 
 
-def pid_start(pid: int) -> str:
-    """When process ``pid`` started (clock ticks after boot, field 22 of /proc/PID/stat); ""
-    where unknown."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields 3... of /proc/PID/stat (state first, start time at index 19); None without."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return ""
+        return None
     fields = stat.rsplit(")", 1)[-1].split()  # the name, field 2, may hold spaces and ')'
-    return fields[19] if len(fields) > 19 else ""
+    return fields if len(fields) > 19 else None
+
+
+def pid_start(pid: int) -> str:
+    """When process ``pid`` started (clock ticks after boot, field 22 of /proc/PID/stat); ""
+    where unknown."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields else ""
 
 
 def pid_alive(pid: int, start: str = "") -> bool:
-    """Whether process ``pid`` of this host runs, and is the one that started at ``start``."""
+    """Whether process ``pid`` of this host runs, and is the one that started at ``start``.
+    A zombie has ended: a killed job's ranks stay zombies where nothing reaps them (a
+    container whose init does not), and ``kill(pid, 0)`` still finds them."""
     if pid <= 0:
         return False
     try:
@@ -117,7 +125,12 @@ def pid_alive(pid: int, start: str = "") -> bool:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    return not start or pid_start(pid) in ("", start)
+    fields = _proc_stat(pid)
+    if fields is None:
+        return True  # no /proc: the signal's word
+    if fields[0] in ("Z", "X"):
+        return False
+    return not start or fields[19] == start
 
 
 def is_live(rec: OwnerRecord, host: str, now: float) -> bool:

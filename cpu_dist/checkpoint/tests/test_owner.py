@@ -108,6 +108,15 @@ def test_a_dead_pid_or_a_reused_one_on_this_host_is_taken_over(tmp_path):
     forge(d, pid=os.getpid(), pid_start="1")
     claim(d, "third", resume=False)
     assert holder(d).run_id == "third"
+    # a process that has exited but is not reaped (a killed job's rank where nothing reaps)
+    proc = subprocess.Popen(["true"])
+    try:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended, still a zombie
+        forge(d, pid=proc.pid, pid_start="")
+        claim(d, "fourth", resume=False)
+        assert holder(d).run_id == "fourth"
+    finally:
+        proc.wait()
 
 
 def test_an_unreadable_record_is_judged_by_its_age(tmp_path):
