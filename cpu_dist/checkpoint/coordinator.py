@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mpi4py import MPI
 
-from cpu_dist.common.config import Config
+from cpu_dist.common.config import Config, DataConfig
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import EXIT_STOPPED, STOP, wait_all
 from cpu_dist.common.setting_flags import setting_flag
@@ -102,9 +102,14 @@ MUST_MATCH = (
     "data.weight_columns",
     "data.label",
     "data.dense",
+    "data.num_dense",  # the synthetic stream's dense width and its features' cardinalities
+    "data.cardinalities",
     "table.admit_after",
     "table.expire_after",
 )
+# MUST_MATCH settings that checkpoints written before them lack: such a checkpoint was
+# trained with their default (13 dense features, no cardinalities of other features).
+MUST_MATCH_DEFAULTS = {"data.num_dense": DataConfig.num_dense, "data.cardinalities": []}
 
 
 def checkpoint_to_resume(cfg: Config) -> Manifest | None:
@@ -118,6 +123,7 @@ def checkpoint_to_resume(cfg: Config) -> Manifest | None:
     m = find_latest(Path(cfg.checkpoint.dir).resolve())
     if m is None:
         return None
+    m.config = {**MUST_MATCH_DEFAULTS, **m.config}
     check_matches(
         m,
         dim=cfg.model.embedding_dim,

@@ -19,6 +19,8 @@ _FLAG_OF_SETTING = {
     "data.weight_columns": "--config [data] weights",
     "data.label": "--config [data] label",
     "data.dense": "--config [data] dense",
+    "data.num_dense": "--config [data] dense",
+    "data.cardinalities": "--config [data] cardinalities",
     "data.features": "--config [[tables]] features",
     "client.channels": "--ps-channels",
     "client.max_keys_per_rpc": "--ps-max-keys-per-rpc",

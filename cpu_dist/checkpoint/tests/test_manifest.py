@@ -265,3 +265,32 @@ def test_a_resume_with_another_model_or_other_model_arguments_is_refused(tmp_pat
         check_matches(
             m, config=settings("--model", "dcnv2", toml="[model]\nlow_rank_dim = 16\n"), **ok
         )
+
+
+def test_a_resume_with_another_synthetic_dense_width_or_cardinalities_is_refused(tmp_path):
+    """``data.num_dense`` and ``data.cardinalities`` are MUST_MATCH settings (they make the
+    synthetic stream the model was trained on); a checkpoint written before they were
+    recorded was trained with their defaults (13, none), so it resumes a default job and
+    refuses ``[data] dense = 5``."""
+    from cpu_dist.checkpoint.coordinator import checkpoint_to_resume
+    from cpu_dist.common.flags import parse_args
+    from cpu_dist.common.validate import validate
+
+    ckpt = tmp_path / "ckpt"
+    make(ckpt, 3)  # its settings lack both keys: an older checkpoint
+
+    def resume(toml: str):
+        job = tmp_path / "job.toml"
+        job.write_text(f'[data]\nkind = "synthetic"\n{toml}')
+        argv = ["--config", str(job), "--embedding-dim", "8", "--dense-optimizer", "adamw",
+                "--checkpoint-dir", str(ckpt)]  # fmt: skip
+        return checkpoint_to_resume(validate(parse_args([*argv, "--resume"]), 3))
+
+    assert resume("").step == 3
+    with pytest.raises(CheckpointError, match=r"\[data\] dense 13 in the checkpoint, 5 in this"):
+        resume("dense = 5\n")
+    m = read_manifest(ckpt / step_dir_name(3))
+    m.config = {**m.config, "data.num_dense": 5, "data.cardinalities": [["tags", 300]]}
+    m.write(ckpt / step_dir_name(3))
+    with pytest.raises(CheckpointError, match=r"cardinalities \[\['tags', 300\]\] in the chec"):
+        resume("dense = 5\n")  # the job: no cardinalities
