@@ -99,8 +99,9 @@ def settings_model_record(
     settings: Mapping[str, Any], tables: Sequence[Mapping[str, Any]]
 ) -> ModelRecord:
     """The record of a checkpoint's model, from its settings (``Config.settings()``) and its
-    tables (``tables``: the manifest's).  A synthetic or Criteo job has ``NUM_DENSE`` dense
-    features, a Parquet job its ``data.dense`` columns and ``data.features``.  A user
+    tables (``tables``: the manifest's).  A Criteo job has ``NUM_DENSE`` dense features, a
+    Parquet job its ``data.dense`` columns and ``data.features``, a synthetic job its
+    ``data.num_dense`` and ``data.features`` (older checkpoints lack them: 13, cat_*).  A user
     model's source is hashed as it is now; where the checkpoint recorded the hash it trained
     with (``SOURCE_SHA256_KEY``), another one is refused naming both."""
     m = _model_config(settings)
@@ -112,17 +113,22 @@ def settings_model_record(
             f"{source.sha256} now, but the checkpoint was trained with sha256 {trained}: the "
             "code changed since; export with the code the checkpoint was trained with"
         )
-    parquet = settings.get("data.kind") == "parquet"  # its columns: the job's features
+    kind = settings.get("data.kind")
+    dense_features, data_features = NUM_DENSE, CATEGORICAL_FEATURES  # Criteo's (JobTables')
+    if kind == "parquet":  # its columns: the job's features
+        dense_features, data_features = len(settings["data.dense"]), settings["data.features"]
+    elif kind == "synthetic":  # [data] dense, its tables' features (empty: cat_0 ... cat_25)
+        dense_features = settings.get("data.num_dense", NUM_DENSE)
+        data_features = settings.get("data.features") or CATEGORICAL_FEATURES
     return ModelRecord(
         name=m.name,
         args=settings_model_args(m),
-        dense_features=len(settings["data.dense"]) if parquet else NUM_DENSE,
+        dense_features=int(dense_features),
         dtype=m.dtype,
         seed=int(settings["train.seed"]),
         # a checkpoint before named tables (versions 1 and 2) held the fused table only
         fused=bool(settings.get("tables.fused", len(tables) == 1)),
-        # every other job's: JobTables' default
-        data_features=tuple(settings["data.features"]) if parquet else CATEGORICAL_FEATURES,
+        data_features=tuple(str(f) for f in data_features),
         source=source,
     )
 
@@ -140,12 +146,16 @@ def data_spec(settings: Mapping[str, Any]) -> DataSpec:
     """The data a job read, from its ``Config.settings()`` (a checkpoint records them all):
     what made the bundle's keys, the global batch size, the multi-hot bags and weights, and
     everything else serving needs to read the same rows (``DataSpec.recorded``): the path,
-    Criteo's multi-hot sizes and ``--skip-bad-lines``, Parquet's columns.  Where a setting is
+    Criteo's multi-hot sizes and ``--skip-bad-lines``, Parquet's columns, the synthetic
+    stream's dense width and cardinalities (its features: ``features``).  Where a setting is
     missing (a checkpoint of an older version) its default is recorded, as the job ran."""
 
     def ints(key: str) -> tuple[int, ...] | None:
         v = settings.get(key)
         return None if v is None else tuple(int(n) for n in v)
+
+    synthetic = settings["data.kind"] == "synthetic"  # its shape, else None (not recorded)
+    cards = settings.get("data.cardinalities", ())
 
     return DataSpec(
         kind=str(settings["data.kind"]),
@@ -166,4 +176,6 @@ def data_spec(settings: Mapping[str, Any]) -> DataSpec:
         weight_columns=tuple((str(f), str(c)) for f, c in settings.get("data.weight_columns", ())),
         label=str(settings.get("data.label", DataConfig.label)),
         dense=tuple(str(c) for c in settings.get("data.dense", ())),
+        num_dense=int(settings.get("data.num_dense", DataConfig.num_dense)) if synthetic else None,
+        cardinalities=tuple((str(f), int(n)) for f, n in cards) if synthetic else None,
     )

@@ -59,7 +59,8 @@ from cpu_dist.serving.model_record import (
 
 # Version 2 adds "data", version 3 a folder per table ("tables"), version 4 the model record
 # ("model": any model, a user model's source copied or named), version 5 all the data the job
-# read (DataSpec.recorded: its path, Parquet's columns, Criteo's multi-hot sizes); versions 1
+# read (DataSpec.recorded: its path, Parquet's columns, Criteo's multi-hot sizes; the synthetic
+# stream's dense width and cardinalities came later, absent in the first ones); versions 1
 # to 3 (a DLRM's settings; 1 and 2: one table, keys.npy and rows.npy beside the manifest) are
 # still read.
 FORMAT, VERSION = EXPORT_FORMAT, 5
@@ -109,8 +110,9 @@ class DataSpec:
     Version 5 adds everything else the job read (``recorded``): the data's absolute path, the
     TSV reader's ``skip_bad_lines``, Criteo's multi-hot sizes and their distribution, and
     Parquet's columns (the feature columns in file order, the weight column of each weighted
-    feature, the label and dense columns), so that a bundle scores as it was trained without
-    the job's flags or job file."""
+    feature, the label and dense columns), and the synthetic stream's features, dense width
+    and cardinalities, so that a bundle scores as it was trained without the job's flags or
+    job file."""
 
     kind: str  # --data: "synthetic", "criteo" (TSV), "criteo-bin" (converted) or "parquet"
     max_ind_range: int | None
@@ -127,10 +129,16 @@ class DataSpec:
     skip_bad_lines: bool = False
     multi_hot_sizes: tuple[int, ...] | None = None
     multi_hot_distribution: str = "uniform"
-    features: tuple[str, ...] = ()  # Parquet's, as DataConfig's
+    features: tuple[str, ...] = ()  # Parquet's and the synthetic stream's, as DataConfig's
     weight_columns: tuple[tuple[str, str], ...] = ()
     label: str = "label"
     dense: tuple[str, ...] = ()
+    # The synthetic stream's dense width and its features of other names' cardinalities
+    # (DataConfig.num_dense, .cardinalities).  None: not synthetic data, or not recorded (a
+    # bundle written before: 13 dense features, and no cardinalities unless ``features``
+    # names a feature other than cat_0 ... cat_25, whose cardinality it does not say).
+    num_dense: int | None = None
+    cardinalities: tuple[tuple[str, int], ...] | None = None
 
     @property
     def family(self) -> str:
@@ -153,6 +161,11 @@ class DataSpec:
                 "features": tuple(str(f) for f in d.get("features", ())),
                 "weight_columns": tuple((str(f), str(c)) for f, c in d.get("weight_columns", ())),
                 "dense": tuple(str(c) for c in d.get("dense", ())),
+                "cardinalities": (
+                    None
+                    if d.get("cardinalities") is None
+                    else tuple((str(f), int(n)) for f, n in d["cardinalities"])
+                ),
             }
         )
 
@@ -331,13 +344,20 @@ class BundleTable:
 
 @dataclass
 class Bundle:
-    path: Path
+    path: Path  # as the user gave it: what messages name
     model: ModelRecord
     data: DataSpec | None  # None: a version 1 bundle, which did not record it
     steps: int  # steps trained (a version 1 bundle's last step + 1)
     dense: dict[str, torch.Tensor]
     tables: dict[str, BundleTable]  # in the job's order
     version: int = VERSION
+    # The directory the files are read from: the version ``path`` links to (an export's
+    # hidden ``.DIR.v-...``), else ``path``; None: ``path``.
+    files: Path | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.files if self.files is not None else self.path
 
     def only_table(self) -> BundleTable:
         """The one table of a one-table bundle (the default job's ``embedding``); a bundle
@@ -358,31 +378,35 @@ class Bundle:
         return self.only_table().rows
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: Path, shown: Path) -> dict[str, Any]:
+    """``path``'s manifest (``shown``: the path messages name, the user's)."""
     try:
         m = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BundleError(f"bundle {path}: no {MANIFEST} (not an export, or unfinished)") from None
+        raise BundleError(f"bundle {shown}: no {MANIFEST} (not an export, or unfinished)") from None
     except (OSError, ValueError) as exc:
-        raise BundleError(f"bundle {path / MANIFEST}: unreadable ({exc})") from None
+        raise BundleError(f"bundle {shown / MANIFEST}: unreadable ({exc})") from None
     if m.get("format") != FORMAT or m.get("version") not in READABLE_VERSIONS:
         raise BundleError(
-            f"bundle {path / MANIFEST}: not a {FORMAT} manifest of version "
+            f"bundle {shown / MANIFEST}: not a {FORMAT} manifest of version "
             f"{', '.join(map(str, READABLE_VERSIONS))} (format {m.get('format')!r}, version "
             f"{m.get('version')!r})"
         )
     return m
 
 
-def _check_files(path: Path, m: dict[str, Any], check: bool) -> None:
+def _check_files(path: Path, shown: Path, m: dict[str, Any], check: bool) -> None:
     for name, entry in m["files"].items():
         if name.startswith("/") or ".." in name.split("/"):
-            raise BundleError(f"bundle {path / MANIFEST}: file name {name!r}")
+            raise BundleError(f"bundle {shown / MANIFEST}: file name {name!r}")
         if check:
-            size, crc = file_crc32(path / name)
+            try:
+                size, crc = file_crc32(path / name)
+            except OSError as exc:
+                raise BundleError(f"bundle {shown / name}: unreadable ({exc.strerror})") from None
             if (size, crc) != (entry["bytes"], entry["crc32"]):
                 raise BundleError(
-                    f"bundle {path / name}: corrupt or truncated ({size} bytes, "
+                    f"bundle {shown / name}: corrupt or truncated ({size} bytes, "
                     f"crc32 {crc:08x}; the manifest says {entry['bytes']}, "
                     f"{entry['crc32']:08x})"
                 )
@@ -414,11 +438,13 @@ def _legacy_tables(m: dict[str, Any], spec: ModelSpec) -> list[TableInfo]:
 def open_bundle(path: str | Path, check: bool = True) -> Bundle:
     """Reads the manifest and the dense state, maps every table's rows; ``check`` verifies
     every file's size and crc32 first.  A bundle path that is the export's link is followed
-    once: every file is read from the one version it names then."""
+    once: every file is read from the one version it names then, and messages name the path
+    as given (the hidden version directory is the export's business)."""
+    shown = Path(path)
     path = current_version(path)
-    m = _read_manifest(path)
-    _check_files(path, m, check)
-    where = f"bundle {path / MANIFEST}"
+    m = _read_manifest(path, shown)
+    _check_files(path, shown, m, check)
+    where = f"bundle {shown / MANIFEST}"
     if m["version"] >= 4:
         model = ModelRecord.from_json(m["model"], where)
         infos = [
@@ -431,17 +457,17 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
         )
         infos = _legacy_tables(m, spec)
         model = legacy_record(spec, [t.record for t in infos])
-    folders = {t.name: path / table_dir(t.name) if m["version"] >= 3 else path for t in infos}
+    folders = {t.name: Path(table_dir(t.name)) if m["version"] >= 3 else Path() for t in infos}
     dense = torch.load(path / DENSE, map_location="cpu", weights_only=True)
     tables = {}
     for t in infos:
         check_table_name(t.name)
-        keys = np.load(folders[t.name] / KEYS, mmap_mode="r")
-        rows = np.load(folders[t.name] / ROWS, mmap_mode="r")
+        keys = np.load(path / folders[t.name] / KEYS, mmap_mode="r")
+        rows = np.load(path / folders[t.name] / ROWS, mmap_mode="r")
         if keys.shape != (t.rows,) or rows.shape != (t.rows, t.dim):
             raise BundleError(
-                f"bundle {folders[t.name]}: arrays of shapes {keys.shape}, {rows.shape} for "
-                f"{t.rows} rows of dim {t.dim} (table {t.name!r})"
+                f"bundle {shown / folders[t.name]}: arrays of shapes {keys.shape}, "
+                f"{rows.shape} for {t.rows} rows of dim {t.dim} (table {t.name!r})"
             )
         tables[t.name] = BundleTable(t, keys, rows)
     d = m.get("data")
@@ -450,4 +476,4 @@ def open_bundle(path: str | Path, check: bool = True) -> Bundle:
     except (TypeError, ValueError) as exc:
         raise BundleError(f"{where}: data record unreadable ({exc})") from None
     steps = int(m["steps"]) if "steps" in m else int(m["step"]) + 1  # version 1: the last step
-    return Bundle(path, model, data, steps, dense, tables, int(m["version"]))
+    return Bundle(shown, model, data, steps, dense, tables, int(m["version"]), path)

@@ -3,10 +3,12 @@ then a ``--config`` job file's data (its ``[data]``, ``path`` included, and its 
 flags), then what the bundle records (:class:`~cpu_dist.serving.bundle.DataSpec`).
 
 A bundle of version 5 records all the data its job read (``DataSpec.recorded``: the path,
-Parquet's columns, Criteo's multi-hot sizes), so it scores as trained with no flag at all;
-data that would be read otherwise (another kind, other hashing, other bags, weights or
-columns) is refused naming the setting, never scored differently.  An older bundle fills in
-what it records; a Parquet bundle that does not record its columns needs the job file.
+Parquet's columns, Criteo's multi-hot sizes, the synthetic stream's features, dense width and
+cardinalities), so it scores as trained with no flag at all; data that would be read
+otherwise (another kind, other hashing, other bags, weights, columns, dense width or
+cardinalities) is refused naming the setting, never scored differently.  An older bundle
+fills in what it records; a Parquet bundle that does not record its columns, and a synthetic
+one of features of other names that does not record their cardinalities, need the job file.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cpu_dist.common.data_checks import parquet_columns, parquet_schema
 from cpu_dist.common.job_data import DATA_FLAG_KEYS
 from cpu_dist.common.job_file import JobFile, read_job_file
 from cpu_dist.common.parquet_schema import ParquetColumns
+from cpu_dist.common.tables import CATEGORICAL_FEATURES
 from cpu_dist.common.validate_data import data_config
 from cpu_dist.data import eval_batches
 from cpu_dist.data.batch import Batch
@@ -30,6 +33,7 @@ from cpu_dist.data.factory import Dataset
 from cpu_dist.data.file_dataset import FileDataset
 from cpu_dist.data.synthetic import HELD_OUT_BATCHES, SyntheticCriteo
 from cpu_dist.serving.bundle import Bundle, BundleError, DataSpec, data_family
+from cpu_dist.serving.loader import bundle_job_tables
 
 __all__ = ["DATA_DESTS", "SPLITS", "bundle_data", "read_config", "split_batches"]
 
@@ -175,6 +179,59 @@ def _parquet_columns(
     return cols
 
 
+def _synthetic_config(
+    a: argparse.Namespace, bundle: Bundle, d: DataSpec, job_file: JobFile | None
+) -> DataConfig:
+    """The synthetic data as the flags and a job file say (its bags and weights over the
+    bundle's features; its dense width and cardinalities).  The bundle's tables make the
+    cardinalities only where the bundle does not record them or the job file gives some: a
+    table's ``num_embeddings`` may be more than the stream takes where the job's file said
+    otherwise."""
+    tables = bundle_job_tables(bundle)
+    cards_given = job_file is not None and bool(job_file.data.cardinalities)
+    from_tables = not tables.fused and (d.cardinalities is None or cards_given)
+    return data_config(a, tables.data_features, tables=tables if from_tables else None)
+
+
+def _synthetic_shape(
+    bundle: Bundle, d: DataSpec, job_file: JobFile | None, cfg: DataConfig
+) -> DataConfig:
+    """The synthetic stream's features, dense width and cardinalities: the bundle's, where a
+    job file's ``[data] dense`` and ``cardinalities``, if it has them, must agree (``cfg``:
+    the job file's, over the bundle's tables).  A bundle that does not record them (older)
+    takes the job file's, else its model's dense width; one whose features of other names
+    were drawn over cardinalities it does not say needs the job file."""
+    section = job_file.data if job_file is not None else None
+    where = f"{job_file.path if job_file else ''} [data]"
+    dense_given = section is not None and section.dense_width is not None
+    cards_given = section is not None and bool(section.cardinalities)
+    num_dense, cards = d.num_dense, d.cardinalities
+    if num_dense is None:
+        num_dense = cfg.num_dense if dense_given else bundle.model.dense_features
+    elif dense_given and cfg.num_dense != num_dense:
+        _refuse(bundle, "dense width", num_dense, cfg.num_dense, f"{where} dense")
+    if cards is None:
+        own = [f for f in d.features if f not in CATEGORICAL_FEATURES]
+        if own and job_file is None:
+            raise BundleError(
+                f"bundle {bundle.path}: its synthetic features {', '.join(own)} were drawn "
+                "over cardinalities it does not record (exported by an older version); give "
+                "the job's file with --config"
+            )
+        cards = cfg.cardinalities
+    elif cards_given and cfg.cardinalities != cards:
+        _refuse(bundle, "cardinalities", dict(cards), dict(cfg.cardinalities),
+                f"{where} cardinalities")  # fmt: skip
+    if num_dense != bundle.model.dense_features:
+        raise BundleError(
+            f"bundle {bundle.path}: its model takes {bundle.model.dense_features} dense "
+            f"features; the synthetic stream would make {num_dense}"
+            + (f" ({where} dense)" if dense_given else "")
+        )
+    features = d.features if d.recorded else cfg.features
+    return dataclasses.replace(cfg, num_dense=num_dense, features=features, cardinalities=cards)
+
+
 def bundle_data(
     args: argparse.Namespace, bundle: Bundle, job_file: JobFile | None = None
 ) -> DataConfig:
@@ -196,7 +253,10 @@ def bundle_data(
     if a.multi_hot_distribution is None:
         a.multi_hot_distribution = d.multi_hot_distribution
     cols = _parquet_columns(a, bundle, d, job_file) if a.data == "parquet" else None
-    cfg = data_config(a, parquet=cols)
+    if a.data == "synthetic":
+        cfg = _synthetic_shape(bundle, d, job_file, _synthetic_config(a, bundle, d, job_file))
+    else:
+        cfg = data_config(a, parquet=cols)
     if d.family == "criteo":
         _check_criteo(bundle, cfg, d)
     drawn = job_file is not None and (job_file.bags or job_file.weights) and a.data != "parquet"

@@ -63,7 +63,7 @@ def load_bundle(bundle: Bundle) -> nn.Module:
     """
     record = bundle.model
     try:
-        spec = check_source(record, bundle.path)
+        spec = check_source(record, bundle.root, bundle.path)
         model = build_model(
             spec, bundle_tables(bundle), record.dense_features, record.args, seed=record.seed
         )

@@ -224,11 +224,13 @@ def source_record(spec: str) -> SourceRecord | None:
     return SourceRecord("module", parsed.target, digest, None if origin is None else str(origin))
 
 
-def check_source(record: ModelRecord, bundle: Path) -> str:
+def check_source(record: ModelRecord, bundle: Path, shown: Path | None = None) -> str:
     """The model spec to build the bundle's model from, after checking its code is the code
     the weights were trained with: a file spec's copy in the bundle (``bundle/model/...``,
     whose hash must be the recorded one), a module spec's module as imported now (its
-    source's hash likewise).  A changed source is refused naming both hashes."""
+    source's hash likewise).  A changed source is refused naming both hashes.  ``shown``: the
+    bundle's path as the user gave it, for messages (``bundle`` may be its hidden version)."""
+    files, bundle = bundle, shown if shown is not None else bundle
     src = record.source
     spec = parse_model_spec(record.name)
     if spec.kind == "builtin":
@@ -242,14 +244,15 @@ def check_source(record: ModelRecord, bundle: Path) -> str:
         parts = src.path.split("/")
         if len(parts) != 2 or parts[0] != MODEL_DIR or parts[1] in ("", ".", ".."):
             raise BundleError(f"bundle {bundle}: model source path {src.path!r} is not model/FILE")
-        copy = bundle / src.path
+        copy = files / src.path
         if not copy.is_file():
-            raise BundleError(f"bundle {copy}: the model's source file is missing")
+            raise BundleError(f"bundle {bundle / src.path}: the model's source file is missing")
         got = file_sha256(copy)
         if got != src.sha256:
             raise BundleError(
-                f"bundle {copy}: the model's source has sha256 {got}, but the bundle was "
-                f"exported with sha256 {src.sha256}: the file changed after the export"
+                f"bundle {bundle / src.path}: the model's source has sha256 {got}, but the "
+                f"bundle was exported with sha256 {src.sha256}: the file changed after the "
+                "export"
             )
         return f"{copy}:{spec.func}"
     if src.kind != "module":

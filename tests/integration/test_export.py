@@ -417,3 +417,37 @@ def test_a_parquet_bundle_of_weighted_bags_scores_the_jobs_auc_without_its_job_f
     proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert open_bundle(again).data == d and open_bundle(again).model == open_bundle(bundle).model
+
+
+def test_a_synthetic_bundle_of_features_of_its_own_names_scores_the_jobs_auc(tmp_path):
+    """Issue 48 items 4 and 6 together: a synthetic job whose tables name features of their
+    own (user, hist, tags beside cat_3) over a dense width of 5 and [data] cardinalities
+    exports a bundle that records that stream, so serving without --config scores the job's
+    final evaluation; was: served as cat_0 ... cat_25 and 13 dense features (exit 2, the bags'
+    feature unknown).  Its checkpoint's export is the same (was: 13 dense features, cat_*)."""
+    from .test_models_equivalence import OWN_NAMES_TOML
+
+    job = tmp_path / "own.toml"
+    job.write_text(OWN_NAMES_TOML)
+    bundle, metrics, ckpt = tmp_path / "bundle", tmp_path / "m.jsonl", tmp_path / "ckpt"
+    proc = mpirun(
+        2,
+        [
+            "--worker-num", "1", *SMALL, "--config", str(job), "--batch-size", "24",
+            "--max_step", "6", "--eval-batches", "3", "--export", str(bundle),
+            "--metrics-out", str(metrics), "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "6",
+        ],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = final_eval(metrics)
+    got = cli_eval(bundle, "--eval-batches", "3")  # no --config
+    assert got["eval_samples"] == final["eval_samples"] == 72
+    assert got["eval_auc"] == pytest.approx(final["eval_auc"], abs=1e-6)
+    assert got["eval_logloss"] == pytest.approx(final["eval_logloss"], abs=1e-6)
+    b = open_bundle(bundle)
+    assert b.data is not None and (b.data.num_dense, b.model.dense_features) == (5, 5)
+    again = tmp_path / "from-checkpoint"
+    proc = run_module("cpu_dist.export", str(ckpt), "--output", str(again))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert open_bundle(again).data == b.data and open_bundle(again).model == b.model

@@ -133,3 +133,28 @@ def test_table_names_must_be_plain_folders(tmp_path):
     for bad in ("../x", "a/b", ".hidden", ""):
         with pytest.raises(BundleError, match="cannot be a bundle folder"):
             BundleWriter(tmp_path / "b", [TableInfo(bad, 4, 0)])
+
+
+def test_messages_name_the_bundle_path_as_given_not_its_hidden_version(
+    tmp_path, monkeypatch, capsys
+):
+    """An export's DIR is a link to a hidden version directory (``.DIR.v-...``); what is
+    wrong with the bundle is said of DIR, the path the user typed (was: the hidden one)."""
+    from cpu_dist.serving.__main__ import main
+
+    out = write(tmp_path)
+    assert out.is_symlink()
+    monkeypatch.chdir(tmp_path)
+    b = open_bundle("b")
+    assert str(b.path) == "b" and b.root.name.startswith(".b.v-")
+    assert main(["b", "--data", "synthetic"]) == 2
+    assert capsys.readouterr().err.startswith("error: bundle b was trained on Criteo data")
+    for damage, said in (
+        (lambda: (out / "dense.pt").write_bytes(b"x"), "bundle b/dense.pt: corrupt or truncated"),
+        (lambda: (out / "dense.pt").unlink(), "bundle b/dense.pt: unreadable (No such file"),
+        (lambda: (out / "manifest.json").write_text("{"), "bundle b/manifest.json: unreadable"),
+    ):
+        damage()
+        with pytest.raises(BundleError) as err:
+            open_bundle("b")
+        assert str(err.value).startswith(said) and ".v-" not in str(err.value)
