@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from cpu_dist.common import modes
 from cpu_dist.common.config import JobConfig
 from cpu_dist.common.job_file_checks import job_file_of, table_defaults_unused
 
@@ -15,7 +16,6 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
     given: frozenset[str] = getattr(a, "given", frozenset())
     external = job.external_shards
     rules = [
-        ("max_staleness", a.sparse_sync != "async", "--max-staleness", "--sparse-sync async"),
         ("zipf_exponent", a.data != "synthetic", "--zipf-exponent", "--data synthetic"),
         (
             "checkpoint_keep",
@@ -45,21 +45,29 @@ def ineffective_flags(a: argparse.Namespace, job: JobConfig) -> list[str]:
             "--optimization-prescan",
         ),
     ]
-    out = [
+    facts = modes.facts_of_flags(a, job.worker_num, external)
+    out = modes.ineffective(given, facts)  # the flags the table of modes ties to a mode
+    out += [
         f"{flag} has no effect without {needs}"
         for dest, unused, flag, needs in rules
         if dest in given and unused
     ]
-    if a.read_mode != "bagpipe":
-        for dest in ("optimization_cache_capacity", "optimization_bypass_below"):
-            if dest in given:
-                out.append(f"--{dest.replace('_', '-')} has no effect without --read-mode bagpipe")
-        job_file = job_file_of(a)
-        path = job_file.path if job_file is not None else ""
-        for entry in job_file.tables if job_file is not None else ():
-            if "cache_capacity" in entry:
+    return out + _table_keys_unused(a, facts) + table_defaults_unused(a, given)
+
+
+def _table_keys_unused(a: argparse.Namespace, facts: modes.Facts) -> list[str]:
+    """Job-file table keys that change nothing in the chosen mode (``modes.MODE_TABLE_KEYS``)."""
+    job_file = job_file_of(a)
+    if job_file is None:
+        return []
+    out = []
+    for key, fact, values, needs in modes.MODE_TABLE_KEYS:
+        if getattr(facts, fact) in values:
+            continue
+        for entry in job_file.tables:
+            if key in entry:
                 out.append(
-                    f'{path}: [[tables]] "{entry.get("name")}": cache_capacity has no effect '
-                    "without --read-mode bagpipe"
+                    f'{job_file.path}: [[tables]] "{entry.get("name")}": {key} has no effect '
+                    f"without {needs}"
                 )
-    return out + table_defaults_unused(a, given)
+    return out

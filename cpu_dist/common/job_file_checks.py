@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from cpu_dist.common import modes
 from cpu_dist.common.config import TrainConfig
 from cpu_dist.common.job_file import (
     JobFile,
@@ -177,23 +178,15 @@ def check_rows_budget(a: argparse.Namespace, tables: JobTables | None) -> None:
 
 def check_cache_tables(tables: JobTables | None) -> None:
     """The cache stage (``--read-mode bagpipe``) mirrors each table's SGD on its cached rows:
-    every table of a job file must train with SGD and without admission or expiry."""
+    every table of a job file must meet the cache row of the table of modes (SGD, no admission
+    or expiry; ``cpu_dist.common.modes``)."""
     if tables is None:
         return
     for t in tables.tables:
         where = f'--read-mode bagpipe with --config {tables.source}: [[tables]] "{t.name}"'
-        if t.optimizer != "sgd":
-            raise JobFileError(
-                f"{where}: optimizer {t.optimizer!r}: the cache supports 'sgd' only (it cannot "
-                "mirror an adaptive optimizer's PS-side state); give the table optimizer = "
-                "'sgd' or drop --read-mode bagpipe"
-            )
-        if t.has_rules:
-            raise JobFileError(
-                f"{where}: admit_after / expire_after: the cache's coherence rules assume every "
-                "gradient is applied to the PS rows; drop the table's rules or --read-mode "
-                "bagpipe"
-            )
+        refused = modes.table_refusal("cache", t, where)
+        if refused:
+            raise JobFileError(refused)
 
 
 # The flags that are the defaults of a job file's tables, and the table key each stands for.

@@ -9,6 +9,7 @@ import math
 import os
 import sys
 
+from cpu_dist.common import modes
 from cpu_dist.common.config import (
     CacheConfig,
     CheckpointConfig,
@@ -258,9 +259,7 @@ def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
     )
 
 
-def _cache(
-    a: argparse.Namespace, train: TrainConfig, tables: JobTables | None
-) -> CacheConfig | None:
+def _cache(a: argparse.Namespace, job: JobConfig, tables: JobTables | None) -> CacheConfig | None:
     """The cache stage reproduces the PS's SGD on cached rows: only what it can mirror."""
     if a.read_mode != "bagpipe":
         if a.optimization_prescan:
@@ -279,29 +278,12 @@ def _cache(
         raise ConfigError(
             f"--optimization-bypass-below {a.optimization_bypass_below}: must be in [0, 1)"
         )
-    if a.ps_admit_after > 1 or a.ps_expire_after > 0:
-        raise ConfigError(
-            "--read-mode bagpipe does not support --ps-admit-after or --ps-expire-after: the "
-            "cache's coherence rules assume every gradient is applied to the PS rows"
-        )
-    if a.ps_compression != "none":
-        raise ConfigError(
-            f"--read-mode bagpipe does not support --ps-compression {a.ps_compression}: the "
-            "cache keeps exact copies of the PS rows, which compressed pulls and gradients "
-            "are not"
-        )
-    if train.sparse_sync == "async":
-        raise ConfigError(
-            "--read-mode bagpipe needs a synchronous --sparse-sync (pipelined or barrier): "
-            "the cache keeps its rows equal to the PS rows by applying each step's update in "
-            "order, which asynchronous commits do not give it"
-        )
-    if tables is None and train.sparse_optimizer != "sgd":
-        raise ConfigError(
-            f"--read-mode bagpipe supports --sparse-optimizer sgd only, not "
-            f"{train.sparse_optimizer}: the cache cannot mirror an adaptive optimizer's "
-            "PS-side state"
-        )
+    # the refusals of the table of modes' cache row (a job file's tables: check_cache_tables)
+    job_tables = tables.tables if tables is not None else ()
+    facts = modes.facts_of_flags(a, job.worker_num, job.external_shards, job_tables)
+    refused = modes.refusal("cache", facts, vars(a))
+    if refused:
+        raise ConfigError(refused)
     # Learning rates: each table's cache applies the lr that its part of every commit packet
     # carries (--sparse-lr, or the table's lr), and a PS session rejects another.
     cache = CacheConfig(
@@ -384,7 +366,7 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
         data=data,
         client=_client(args),
         table=_table(args, tables),
-        cache=_cache(args, train, tables),
+        cache=_cache(args, job, tables),
         checkpoint=_checkpoint(args),
         output=_output(args),
         tables=tables if tables is not None else FROM_FLAGS,

@@ -1,16 +1,20 @@
-"""The one place that reads the flags to choose a job's sparse mode: the committer (its
-aggregation, hand-off and thread) and the step pipeline are both built from one
-:class:`SparseMode`, so their predicates cannot disagree."""
+"""The one place that turns a job's sparse mode into objects: the mode is the row of the table
+of modes (``cpu_dist.common.modes.MODES``, data that validation reads too) that the job's
+settings choose; the committer (its aggregation, hand-off and thread) and the step pipeline
+are both built from that one :class:`SparseMode`, so their predicates cannot disagree, and
+:func:`make_pipeline` maps each strategy name to its pipeline class."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from mpi4py import MPI
 
+from cpu_dist.common import modes
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
+from cpu_dist.common.modes import Strategy
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.data import Dataset
 from cpu_dist.sparse import Client
@@ -26,56 +30,23 @@ from cpu_dist.train.pipelines.sole_writer import SoleWriterPipeline
 if TYPE_CHECKING:
     from gpu_cache import TableKeysOf
 
-Strategy = Literal["cache", "catch_up", "sole_writer", "early_pull", "async_prefetch", "direct"]
-
 
 @dataclass(frozen=True)
 class SparseMode:
-    """How a job reads rows and hands off gradients (docs/DESIGN.md, "Read rows")."""
+    """How a job reads rows and hands off gradients (docs/DESIGN.md, "Read rows"): the row of
+    ``cpu_dist.common.modes.MODES`` its flags choose."""
 
     strategy: Strategy
     # The aggregation learns the rows each step writes (an allgather of ids) for early pulls.
     exchange_ids: bool
-    # Hand-offs on a thread of their own: the cache and the catch-up keep their rows
-    # coherent themselves, so the hand-off may overlap the dense phase.
+    # Hand-offs on a thread of their own (the cache, the catch-up, the sole writer).
     background: bool
 
 
 def sparse_mode(cfg: Config) -> SparseMode:
-    t, tables = cfg.train, cfg.tables.tables
-    expiry = bool(cfg.table.expire_after) or any(x.expire_after for x in tables)
-    rules = bool(cfg.table.admit_after) or any(x.has_rules for x in tables)
-    strategy: Strategy = "direct"
-    if cfg.cache is not None:
-        strategy = "cache"
-    elif (
-        t.sparse_sync in ("pipelined", "async")
-        and t.aggregation == "collective"
-        and not (rules or expiry)
-    ):
-        # the worker holds every step's summed gradients and no table rule decides at the
-        # shard what a commit touches: reads are brought up to date instead of waiting
-        strategy = "catch_up"
-    elif (
-        cfg.job.worker_num == 1
-        and t.sparse_sync == "pipelined"
-        and t.aggregation == "ps"
-        and not (rules or expiry)
-        and cfg.client.compression == "none"
-        and all(x.optimizer == "sgd" for x in tables)
-    ):
-        # every commit is this worker's own SGD step: it brings its rows forward itself
-        strategy = "sole_writer"
-    elif t.sparse_sync == "pipelined" and not expiry:
-        # expiry can drop a row at its commit: a write of that step no worker knows of
-        strategy = "early_pull"
-    elif t.sparse_sync == "async" and t.max_staleness > 0:
-        strategy = "async_prefetch"
-    return SparseMode(
-        strategy,
-        exchange_ids=strategy in ("early_pull", "async_prefetch"),
-        background=strategy in ("cache", "catch_up", "sole_writer"),
-    )
+    """The first row of the table of modes whose requirements this job meets."""
+    mode = modes.choose(modes.facts_of_config(cfg))
+    return SparseMode(mode.strategy, mode.exchange_ids, mode.background)
 
 
 def make_committer(
