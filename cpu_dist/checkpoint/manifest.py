@@ -13,7 +13,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cpu_dist.common.files import atomic_write, file_crc32, fsync_dir
+from cpu_dist.common.files import RENAME_NOREPLACE, atomic_write, file_crc32, fsync_dir, rename2
 from cpu_dist.common.setting_flags import setting_flag
 from cpu_dist.common.tables import SPEC_KEYS
 
@@ -289,13 +289,15 @@ def own_temp_dirs(root: Path, run_id: str) -> list[Path]:
 
 
 def publish(work: Path, final: Path) -> None:
-    """Renames the complete step directory ``work`` to ``final`` if nothing is there: two runs
-    never share a step directory.  (``rename`` replaces only an empty directory, which holds
-    nothing of anyone's; a folder with files refuses it.)"""
-    if final.exists() or final.is_symlink():
-        raise CheckpointError(_taken(final))
+    """Renames the complete step directory ``work`` to ``final`` only if nothing is there: two
+    runs never share a step directory.  ``renameat2(RENAME_NOREPLACE)`` refuses any ``final``,
+    in one step; where the file system lacks it, a check then ``rename``, which replaces at
+    most an empty directory (nothing of anyone's; a folder with files refuses it)."""
     try:
-        os.rename(work, final)
+        if not rename2(work, final, RENAME_NOREPLACE):
+            if final.exists() or final.is_symlink():
+                raise CheckpointError(_taken(final))
+            os.rename(work, final)
     except OSError as exc:
         if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
             raise CheckpointError(_taken(final)) from None

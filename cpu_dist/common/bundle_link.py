@@ -21,16 +21,20 @@ ours: the bundle is published where it points (:func:`bundle_path`).
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import secrets
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from cpu_dist.common.files import OutputError, check_output_dir, fsync_dir, is_export_bundle
+from cpu_dist.common.files import (
+    RENAME_EXCHANGE,
+    OutputError,
+    check_output_dir,
+    fsync_dir,
+    is_export_bundle,
+    rename2,
+)
 
 __all__ = [
     "bundle_path",
@@ -89,22 +93,8 @@ def new_version(out: Path) -> Path:
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Swaps ``a`` and ``b`` in one step (``renameat2(RENAME_EXCHANGE)``); False where the
-    system or the file system has no such call."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
+    """Swaps ``a`` and ``b`` in one step; False where the file system cannot."""
+    return rename2(a, b, RENAME_EXCHANGE)
 
 
 def _swap(link: Path, out: Path, still_ok: Callable[[Path], bool]) -> Path | None:

@@ -192,27 +192,31 @@ def is_state_dump(path: Path) -> bool:
         return False
 
 
-def replace_dir(tmp: Path, out: Path, still_ok: Callable[[Path], bool]) -> None:
-    """Makes the finished directory ``tmp`` (a sibling of ``out``) ``out``: an existing
-    ``out`` that ``still_ok`` accepts (empty, or an earlier output of the same kind) is moved
-    aside, ``tmp`` renamed into place, and the old one removed; the parent is fsynced."""
-    import shutil
-
-    old = None
-    if out.exists() or out.is_symlink():
-        if not out.is_dir() or (any(out.iterdir()) and not still_ok(out)):
-            raise OutputError(f"{out}: changed while it was written; left it alone ({tmp} kept)")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-        os.rename(out, old)
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+# renameat2(2)'s flags (linux/fs.h).
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
 
 
-def temp_sibling(out: Path) -> Path:
-    """A fresh hidden directory beside ``out``, on the same file system (a rename target)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp.mkdir()
-    return tmp
+def rename2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux's ``renameat2(src, dst, flags)``: with RENAME_NOREPLACE a rename that fails with
+    FileExistsError where ``dst`` exists (even an empty directory, which ``rename`` replaces);
+    with RENAME_EXCHANGE both swapped in one step.  False where the system or the file system
+    has no such call (then the caller falls back); any other failure raises OSError."""
+    import ctypes
+    import errno
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(dst))

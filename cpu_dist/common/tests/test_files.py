@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from cpu_dist.common.files import (
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
     OutputError,
     check_output_dir,
     check_output_file,
@@ -18,8 +20,7 @@ from cpu_dist.common.files import (
     is_metrics_log,
     is_state_dump,
     is_tensorboard_dir,
-    replace_dir,
-    temp_sibling,
+    rename2,
 )
 
 
@@ -94,21 +95,25 @@ def test_files_are_overwritten_only_when_they_are_the_same_kind(tmp_path):
     check_output_file(tmp_path / "new.npz", "--dump-state", "a state dump", is_state_dump)
 
 
-def test_replace_dir_swaps_in_the_new_output_and_drops_the_old(tmp_path):
-    out = _manifest(tmp_path / "b", "cpu_dist-export", "rows.npy")
-    tmp = temp_sibling(out)
-    (tmp / "manifest.json").write_text(json.dumps({"format": "cpu_dist-export", "new": 1}))
-    replace_dir(tmp, out, is_export_bundle)
-    assert json.loads((out / "manifest.json").read_text())["new"] == 1
-    assert not (out / "rows.npy").exists() and not tmp.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # nothing left beside it
+def test_rename2_without_replacing_refuses_even_an_empty_directory(tmp_path):
+    """os.rename replaces an empty directory; RENAME_NOREPLACE (a step directory's publish,
+    two runs never sharing one) refuses it, and the source stays where it was."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "f").write_text("x")
+    dst.mkdir()
+    with pytest.raises(FileExistsError):
+        assert rename2(src, dst, RENAME_NOREPLACE)
+    assert (src / "f").exists() and not any(dst.iterdir())
+    dst.rmdir()
+    assert rename2(src, dst, RENAME_NOREPLACE)
+    assert (dst / "f").read_text() == "x" and not src.exists()
 
 
-def test_replace_dir_leaves_a_directory_that_changed_kind_alone(tmp_path):
-    out = tmp_path / "b"
-    tmp = temp_sibling(out)
-    out.mkdir()
-    (out / "precious.txt").write_text("x")
-    with pytest.raises(OutputError, match="changed while it was written"):
-        replace_dir(tmp, out, is_export_bundle)
-    assert (out / "precious.txt").exists() and tmp.exists()
+def test_rename2_exchanges_two_directories_in_one_step(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, text in ((a, "A"), (b, "B")):
+        d.mkdir()
+        (d / "f").write_text(text)
+    assert rename2(a, b, RENAME_EXCHANGE)
+    assert (a / "f").read_text() == "B" and (b / "f").read_text() == "A"
