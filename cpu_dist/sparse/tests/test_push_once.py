@@ -19,9 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SEED = 5
 DIM = 4
-SPECS = [
-    {"name": n, "dim": DIM, "optimizer": "sgd", "init_scale": 0.5, "seed": SEED} for n in "ab"
-]
+SPECS = [{"name": n, "dim": DIM, "optimizer": "sgd", "init_scale": 0.5, "seed": SEED} for n in "ab"]
 PAIRS = [(s["name"], DIM) for s in SPECS]
 LR = 0.5
 STEP = 0.0625  # LR * 0.125: every row moves by an exact binary fraction per update
