@@ -18,9 +18,9 @@ export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-268435456}"
 # A SIGTERM to mpirun starts OpenMPI's kill sequence: SIGCONT to the ranks, a wait, SIGTERM, the
 # same wait, SIGKILL; the wait is odls_base_sigkill_timeout seconds (1 by default), too short to
 # checkpoint in.  CPU_DIST_STOP_GRACE_S=N makes it N: ranks then get SIGTERM N s after mpirun
-# and have N s to checkpoint (README "Stopping and preemption").  Not the default: every failing
-# job then also takes 2N s to end.  SIGUSR1 to mpirun (scripts/run.sh turns SIGTERM into it)
-# reaches the ranks at once and needs no grace.
+# and have N s to checkpoint (docs/operations.md, "Stopping and preemption").  Not the
+# default: every failing job then also takes 2N s to end.  SIGUSR1 to mpirun (scripts/run.sh
+# turns SIGTERM into it) reaches the ranks at once and needs no grace.
 if [[ -n "${CPU_DIST_STOP_GRACE_S:-}" ]]; then
     export OMPI_MCA_odls_base_sigkill_timeout="${CPU_DIST_STOP_GRACE_S}"
 fi

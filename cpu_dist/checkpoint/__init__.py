@@ -1,6 +1,6 @@
 """Consistent checkpoints of a training job: PS shard files, worker 0's dense state, a manifest.
 
-Layout of ``--checkpoint-dir DIR`` (see README "Checkpoints"):
+Layout of ``--checkpoint-dir DIR`` (see docs/operations.md, "Checkpoints and faults"):
 
     DIR/OWNER.json                               the run that holds DIR (owner.py)
     DIR/step-00000123/shard-00000-of-00002.bin   after 123 steps: one per PS shard (its own file)

@@ -25,7 +25,7 @@ from cpu_dist.common.addresses import choose_publish_address, interface_address,
 T = TypeVar("T")
 
 # Where a job's errors come with a traceback: "1" for every failure, "0" for none; unset, only
-# unexpected failures (bugs) show one.  The one switch, documented in the README ("Errors").
+# unexpected failures (bugs) show one.  The one switch, documented in docs/operations.md ("Errors").
 TRACEBACK_ENV = "CPU_DIST_TRACEBACK"
 EXIT_ERROR = 2  # an expected failure: the code a bad flag gets, for the whole job
 EXIT_BUG = 1  # anything else

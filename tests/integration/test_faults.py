@@ -17,7 +17,7 @@ from .jobctl import Job
 from .launch import SMALL
 
 pytestmark = pytest.mark.timeout(240)
-BOUND_S = 10.0  # README: about a second (1.05 s measured); room for a busy CI machine
+BOUND_S = 10.0  # docs/operations.md: about a second (1.05 s measured); room for a busy CI machine
 
 
 @pytest.mark.parametrize("victim,kind", [(2, "ps"), (1, "worker")])

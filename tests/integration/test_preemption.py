@@ -123,7 +123,7 @@ def test_a_resume_may_change_the_learning_rates_and_says_so(tmp_path):
 
 def test_sigterm_to_mpirun_checkpoints_within_the_grace_env_sh_sets(tmp_path, monkeypatch):
     """OpenMPI's own kill sequence after SIGTERM to mpirun: the ranks get SIGTERM after the
-    grace and have the grace again to checkpoint; mpirun itself exits 1 (README)."""
+    grace and have the grace again to checkpoint; mpirun itself exits 1 (docs/operations.md)."""
     from cpu_dist.common.launch_env import mpi_env
 
     env = mpi_env({**os.environ, "CPU_DIST_STOP_GRACE_S": "6"})
