@@ -20,14 +20,14 @@ from cpu_dist.common.parquet_schema import ParquetColumns
 from cpu_dist.common.tables import JobTables, TableConfig, flag_table
 from cpu_dist.data import dataset_for
 from cpu_dist.data.features import BatchFeatures
-from cpu_dist.embeddings import configs_of, sparse_step
+from cpu_dist.embeddings import configs_of
 from cpu_dist.export.records import data_spec
 from cpu_dist.models.factory import build_model
 from cpu_dist.models.scoring import evaluate
 from cpu_dist.serving.__main__ import main
 from cpu_dist.serving.bundle import DataSpec
 from cpu_dist.serving.model_record import ModelRecord
-from cpu_dist.serving.tests.local_bundle import write_local
+from cpu_dist.serving.tests.local_bundle import train_locally, write_local
 from cpu_dist.testing.parquet_files import write_parquet
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,17 +80,8 @@ def parquet_bundle(tmp_path_factory):
     model = build_model("dlrm", tables, len(DENSE), ARGS, seed=3)
     dataset = dataset_for(data, 3)
     features = BatchFeatures(JT, dataset.kind, None)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _, (_, batch) in zip(range(6), dataset.train_batches(BATCH)):
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            model(torch.from_numpy(batch.dense), features(batch)),
-            torch.from_numpy(batch.labels.astype(np.float32)),
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sparse_step(model)
-    model.eval()
+    batches = (batch for _, (_, batch) in zip(range(6), dataset.train_batches(BATCH)))
+    train_locally(model, features, batches, 0.1)
     settings = {f"data.{k}": v for k, v in dataclasses.asdict(data).items()}
     spec = data_spec({**settings, "train.batch_size": BATCH})
     record = ModelRecord("dlrm", ARGS, len(DENSE), "float32", 3, False, JT.data_features)

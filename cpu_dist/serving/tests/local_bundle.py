@@ -3,14 +3,35 @@ writes one: what the serving tests load and score without a parameter server."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
 
-from cpu_dist.embeddings import EmbeddingBagConfig, collections_of
+from cpu_dist.embeddings import EmbeddingBagConfig, collections_of, sparse_step
 from cpu_dist.serving.bundle import BundleWriter, DataSpec, TableInfo
 from cpu_dist.serving.model_record import ModelRecord, table_record
+
+
+def train_locally(
+    model: nn.Module, features: Callable[[object], object], batches: Iterable, lr: float
+) -> None:
+    """SGD steps on ``batches`` (the data's own Batch objects), dense layers and the
+    collections' local rows alike, then ``model.eval()``: a model whose rows and weights
+    both differ from their initial values, as a job's would."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for batch in batches:
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            model(torch.from_numpy(batch.dense), features(batch)),
+            torch.from_numpy(batch.labels.astype(np.float32)),
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sparse_step(model)
+    model.eval()
 
 
 def write_local(

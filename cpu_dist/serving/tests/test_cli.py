@@ -15,13 +15,13 @@ from cpu_dist.common.config import DataConfig
 from cpu_dist.common.tables import JobTables, TableConfig, categorical_names, flag_table
 from cpu_dist.data import dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
-from cpu_dist.embeddings import configs_of, sparse_step
+from cpu_dist.embeddings import configs_of
 from cpu_dist.models.factory import build_model
 from cpu_dist.models.scoring import evaluate
 from cpu_dist.serving.__main__ import main, probabilities, write_scores
 from cpu_dist.serving.bundle import DataSpec
 from cpu_dist.serving.model_record import ModelRecord
-from cpu_dist.serving.tests.local_bundle import write_local
+from cpu_dist.serving.tests.local_bundle import train_locally, write_local
 
 pytestmark = pytest.mark.timeout(120)
 BATCH = 32
@@ -33,18 +33,9 @@ def trained(name, jt: JobTables, args, data: DataConfig, seed: int, steps: int =
     model = build_model(name, tables, 13, args, seed=seed)
     dataset = dataset_for(data, seed)
     features = BatchFeatures(jt, dataset.kind, dataset.offsets)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(steps):
-        batch = dataset.global_batch(step, BATCH)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            model(torch.from_numpy(batch.dense), features(batch)),
-            torch.from_numpy(batch.labels.astype(np.float32)),
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sparse_step(model)
-    model.eval()
+    train_locally(
+        model, features, (dataset.global_batch(step, BATCH) for step in range(steps)), 0.05
+    )
     return model, tables, dataset, features
 
 
