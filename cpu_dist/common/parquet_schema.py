@@ -155,6 +155,26 @@ def _row_lengths(column: pa.ChunkedArray) -> np.ndarray:
     return np.ones(len(arr), dtype=np.int64)
 
 
+def check_weight_lengths(
+    file: Path,
+    feature: str,
+    column: str,
+    id_len: np.ndarray,
+    w_len: np.ndarray,
+    first: int,
+) -> None:
+    """Every row holds as many weights as ids, else ParquetError naming the file, the weights
+    column, the first such row (``first``: the file's row of this slice's first) and the
+    feature: the one check (and message) of the flags' footer pass and of the loader."""
+    wrong = np.flatnonzero(id_len != w_len)
+    if wrong.size:
+        r = int(wrong[0])
+        raise ParquetError(
+            f"{file}: column {column!r}: row {first + r}: {int(w_len[r])} weights for "
+            f"{int(id_len[r])} ids of feature {feature!r}"
+        )
+
+
 def check_weight_counts(file: Path, reader: pq.ParquetFile, cols: ParquetColumns) -> None:
     """Every weighted feature's weights as many as its ids, row group by row group, from the
     footer's value counts (no row is read): a group whose counts differ has a row whose
@@ -175,15 +195,14 @@ def check_weight_counts(file: Path, reader: pq.ParquetFile, cols: ParquetColumns
                 raise ParquetError(
                     f"{file}: columns {feature!r}, {column!r}: row group {g}: {exc}"
                 ) from None
-            id_len = _row_lengths(table.column(feature))
-            w_len = _row_lengths(table.column(column))
-            wrong = np.flatnonzero(id_len != w_len)
-            if wrong.size:
-                r = int(wrong[0])
-                raise ParquetError(
-                    f"{file}: column {column!r}: row {first + r}: {int(w_len[r])} weights for "
-                    f"{int(id_len[r])} ids of feature {feature!r}"
-                )
+            check_weight_lengths(
+                file,
+                feature,
+                column,
+                _row_lengths(table.column(feature)),
+                _row_lengths(table.column(column)),
+                first,
+            )
         first += group.num_rows
 
 

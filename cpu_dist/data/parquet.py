@@ -44,6 +44,7 @@ from cpu_dist.common.parquet_schema import (
     ParquetError,
     check_file,
     check_schema,
+    check_weight_lengths,
     parquet_files,
     read_schema,
     resolve_columns,
@@ -365,13 +366,7 @@ class ParquetData(FileDataset):
             id_len = np.diff(ids.offsets) if ids.offsets is not None else np.ones(n, np.int64)
             assert w.offsets is not None  # a list column's
             w_len = np.diff(w.offsets)
-            wrong = np.flatnonzero(id_len != w_len)
-            if wrong.size:
-                r = int(wrong[0])
-                raise ParquetError(
-                    f"{file}: column {c!r}: row {first + r}: {int(w_len[r])} weights for "
-                    f"{int(id_len[r])} ids of feature {f!r}"
-                )
+            check_weight_lengths(file, f, c, id_len, w_len, first)
             columns[c] = w
         return _Slice(label, dense, columns)
 
