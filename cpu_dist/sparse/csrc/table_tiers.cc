@@ -169,11 +169,21 @@ struct ShardTable::Pass {
   size_t n = 0;
   float lr = 0.0f;
   OptimizerKind opt = OptimizerKind::kSgd;
-  StepCtx* ctx = nullptr;
+  StepCtx* ctx = nullptr;  // null: a push (no step rules)
   std::vector<uint32_t> order, starts;
   std::vector<uint32_t> slots;
   std::vector<uint32_t> fresh;  // rows this update inserted at their first-touch value
   std::vector<uint8_t> ahead_stripe;
+
+  void set(const int64_t* k, const float* g, size_t count, float rate, OptimizerKind o,
+           StepCtx* c) {
+    keys = k;
+    grads = g;
+    n = count;
+    lr = rate;
+    opt = o;
+    ctx = c;
+  }
 };
 
 // A committed step between its passes (prepare_step_locked).
@@ -187,12 +197,7 @@ void ShardTable::PreparedStepDeleter::operator()(PreparedStep* p) const { delete
 std::optional<TierError> ShardTable::apply_locked(const int64_t* keys, const float* grads, size_t n,
                                                   float lr, OptimizerKind opt, StepCtx* ctx) {
   Pass p;
-  p.keys = keys;
-  p.grads = grads;
-  p.n = n;
-  p.lr = lr;
-  p.opt = opt;
-  p.ctx = ctx;
+  p.set(keys, grads, n, lr, opt, ctx);
   prepare_locked(p, true);
   return finish_locked(p);
 }
@@ -387,27 +392,16 @@ ShardTable::PreparedStepPtr ShardTable::prepare_step_locked(const int64_t* keys,
   PreparedStepPtr p(new PreparedStep);
   p->ctx.step = step;
   rules_.reserve(n);
-  Pass& pass = p->pass;
-  pass.keys = keys;
-  pass.grads = grads;
-  pass.n = n;
-  pass.lr = lr;
-  pass.opt = opt;
-  pass.ctx = &p->ctx;
-  prepare_locked(pass, write_ahead);
+  p->pass.set(keys, grads, n, lr, opt, &p->ctx);
+  prepare_locked(p->pass, write_ahead);
   return p;
 }
 
 ShardTable::PreparedStepPtr ShardTable::prepare_push_locked(const int64_t* keys, const float* grads,
                                                             size_t n, float lr, OptimizerKind opt) {
   PreparedStepPtr p(new PreparedStep);
-  Pass& pass = p->pass;
-  pass.keys = keys;
-  pass.grads = grads;
-  pass.n = n;
-  pass.lr = lr;
-  pass.opt = opt;
-  prepare_locked(pass, false);  // pass.ctx null: a push, no step rules
+  p->pass.set(keys, grads, n, lr, opt, nullptr);  // a push: no step rules
+  prepare_locked(p->pass, false);
   return p;
 }
 
