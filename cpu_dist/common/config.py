@@ -271,6 +271,9 @@ class OutputConfig:
     export: str | None = None  # a serving bundle at the end (cpu_dist.serving.bundle)
     tensorboard: str | None = None
     progress: bool = True
+    metric_window: int = 100  # steps whose rows train_auc/train_ne are over; 0: none
+    metrics: tuple[str, ...] = ()  # --metric MODULE:CLASS, the user's torchmetrics.Metric
+    verbose_summary: bool = False
 
 
 @dataclass(frozen=True)

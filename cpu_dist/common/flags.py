@@ -410,6 +410,26 @@ def _add_checkpoint_and_output_flags(p: argparse.ArgumentParser) -> None:
     )
     o.add_argument("--tensorboard", default=None, help="TensorBoard log directory")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument(
+        "--metric-window",
+        type=int,
+        default=OutputConfig.metric_window,
+        metavar="N",
+        help="train_auc and train_ne of each logged step are over the last N steps' rows; 0: none",
+    )
+    o.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="MODULE:CLASS",
+        help="a torchmetrics.Metric of your own (PKG.MODULE:CLASS or path/to/file.py:CLASS), "
+        "computed on every evaluation as eval_<class name in snake case>; repeatable",
+    )
+    o.add_argument(
+        "--verbose-summary",
+        action="store_true",
+        help="print every figure of the summary at the end, not only the main ones",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,6 +34,7 @@ from cpu_dist.common.job_file_checks import (
     job_file_of,
     job_file_tables,
 )
+from cpu_dist.common.metric_spec import metric_spec_problem
 from cpu_dist.common.output_checks import check_outputs
 from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
 from cpu_dist.common.validate_data import data_config
@@ -326,6 +327,12 @@ def _output(a: argparse.Namespace) -> OutputConfig:
         raise ConfigError(f"--eval-batches {a.eval_batches}: must be -1 (all) or positive")
     if a.test_batches < -1:
         raise ConfigError(f"--test-batches {a.test_batches}: must be -1 (all), 0 (none) or more")
+    if a.metric_window < 0:
+        raise ConfigError(f"--metric-window {a.metric_window}: must be >= 0 (0: none)")
+    for spec in a.metric:
+        problem = metric_spec_problem(spec)
+        if problem is not None:
+            raise ConfigError(f"--metric {spec}: {problem}")
     return OutputConfig(
         metrics_out=a.metrics_out,
         print_freq=a.print_freq,
@@ -337,6 +344,9 @@ def _output(a: argparse.Namespace) -> OutputConfig:
         export=a.export,
         tensorboard=a.tensorboard,
         progress=not a.no_progress,
+        metric_window=a.metric_window,
+        metrics=tuple(a.metric),
+        verbose_summary=a.verbose_summary,
     )
 
 

@@ -2,8 +2,9 @@
 [--eval-batches N] [--scores-out FILE]``: score an exported model (any model: built-in or the
 user's) on the evaluation batches a training job with the same data scores (``--split``: the
 test or train split, or every row of the file, instead), and print one JSON line with
-``eval_auc`` and ``eval_logloss``; ``--scores-out FILE`` also writes every scored row's
-probability, one a line.  The data is the bundle's (``serving.data``: a version 5 bundle
+``eval_auc``, ``eval_logloss``, ``eval_ne``, ``eval_calibration`` and ``eval_ctr`` (a job's
+eval line's figures); ``--scores-out FILE`` also writes every scored row's probability, one a
+line.  The data is the bundle's (``serving.data``: a version 5 bundle
 records all its job read) unless the command line or ``--config`` names it.  Needs neither
 MPI nor a parameter server nor the native module."""
 
@@ -132,10 +133,9 @@ def score(args: argparse.Namespace, given: set[str] | None = None) -> dict[str, 
         )
     if args.scores_out:
         write_scores(args.scores_out, s)
-    result = evaluate(s, y)
+    result = evaluate(s, y)  # auc, logloss, ne, calibration, ctr: a job's eval line's
     return {
-        "eval_auc": result["auc"],
-        "eval_logloss": result["logloss"],
+        **{f"eval_{k}": v for k, v in result.items()},
         "eval_samples": len(y),
         "steps": bundle.steps,
         "split": args.split,

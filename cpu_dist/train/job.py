@@ -28,6 +28,7 @@ from cpu_dist.serving.errors import BundleError
 from cpu_dist.sparse import PSError
 from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.preflight import SetupError, preflight
+from cpu_dist.train.user_metric import MetricError
 
 # Failures a user can cause and fix, reported as one ``launcher.py: error:`` line with exit
 # code 2 (``run_or_abort``): a shard lost or refusing, a checkpoint or data file that cannot be
@@ -45,6 +46,7 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     NonFiniteLoss,
     BundleError,
     ModelError,
+    MetricError,  # a --metric that cannot be loaded, made or computed
     OutputError,
     TimeoutError,
     MemoryError,

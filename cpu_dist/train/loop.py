@@ -54,6 +54,7 @@ from cpu_dist.train.evaluation import evaluate_model
 from cpu_dist.train.job_model import build_job_model, model_args, model_name
 from cpu_dist.train.pipelines import CacheStage, make_committer, make_pipeline
 from cpu_dist.train.step_rows import Plans, dense_named_parameters, distribute
+from cpu_dist.train.user_metric import load_metrics
 
 # Workers meet after backward in a barrier that sleeps between polls: the wait for the slowest
 # worker is reported on its own (t_straggler_wait) instead of inflating whichever collective
@@ -114,6 +115,13 @@ class Worker:
         self.cfg, self.comm = cfg, roles.comm
         self.rank, self.world = roles.role_rank, roles.role_size
         self.chief = self.rank == 0
+        # --metric: worker 0 computes them; loaded and tried first, so a broken one stops the
+        # job as it starts (MetricError: one line, exit 2), not at its first evaluation.
+        self.user_metrics = load_metrics(cfg.output.metrics) if self.chief else []
+        window = cfg.output.metric_window
+        self.train_scores = metrics.TrainScores(window) if window else None
+        self._logits: torch.Tensor | None = None  # the last step's, for train_scores
+        self._eval_s = 0.0  # seconds in the evaluations during training (not in samples/s)
         self.dtype = torch.float64 if cfg.model.dtype == "float64" else torch.float32
         self.client = make_client(cfg, token, addresses)
         # Evaluation reads float32 rows on a client of its own, so that the bytes metrics
@@ -243,6 +251,7 @@ class Worker:
         with timer("forward"):
             self.dense.zero_grad()
             logits = logits_of(self.model(dense, kjt), len(labels), self.cfg.model.name)
+            self._logits = logits.detach()
             loss = self.loss_fn(logits, labels)
         if not torch.isfinite(loss):  # before backward: name the cause, not a sparse key
             raise NonFiniteLoss(
@@ -316,11 +325,11 @@ class Worker:
             self._batches.close()
         if self.chief:
             print(f"cpu_dist: {self._start_line()}", flush=True)
-        bar = metrics.progress(
-            cfg.train.max_step, enabled=self.chief and cfg.output.progress, initial=self.start
+        bar = metrics.Progress(
+            cfg.train.max_step, self.start, enabled=self.chief and cfg.output.progress
         )
         window = metrics.Window(time.perf_counter())
-        run_t0 = time.perf_counter()
+        run_t0 = self._run_t0 = time.perf_counter()
         steps, ahead, stopped = cfg.train.max_step, None, False
         for step in range(self.start, cfg.train.max_step):
             with self.timer("data"):
@@ -335,6 +344,8 @@ class Worker:
             self._dense_step(step)
             window.samples += cfg.train.batch_size
             window.add_loss(loss.item())
+            if self.train_scores is not None and self._logits is not None:
+                self.train_scores.add(self._logits.double().numpy(), prepared[3].double().numpy())
             self.checkpointer.after_step(step)  # --checkpoint-every: at this step boundary
             try:
                 self._after_step(step, steps, loss, window, bar)
@@ -363,18 +374,30 @@ class Worker:
     def _after_step(
         self, step: int, steps: int, loss: torch.Tensor, window: metrics.Window, bar
     ) -> None:
+        """The logged step's line (loss, samples/s, train AUC and NE, the learning rates, every
+        counter) and progress; a periodic evaluation, whose time no samples/s counts."""
         out = self.cfg.output
         if (step + 1) % out.print_freq == 0 or step + 1 == steps:
             # the mean over the interval's steps and the workers (each a mean over its share)
             loss_sum = np.array(window.take_loss(), dtype=np.float64)
             self.comm.Allreduce(MPI.IN_PLACE, loss_sum)
             record = {"step": step + 1, "loss": float(loss_sum[0] / max(loss_sum[1], 1.0))}
-            record["samples_per_s"] = window.rate(time.perf_counter())
+            now = time.perf_counter()
+            record["samples_per_s"] = window.rate(now)
+            if self.train_scores is not None:
+                record.update(self.train_scores.figures(self.comm))
+            record.update(metrics.learning_rates(self.cfg, step))
             self.log.write(self._record(record))
-            bar.set_postfix(loss=f"{record['loss']:.4f}", sps=f"{record['samples_per_s']:,.0f}")
-        bar.update(1)
+            trained_s = now - self._run_t0 - self._eval_s
+            done = (step + 1 - self.start) * self.cfg.train.batch_size
+            bar.logged(step + 1, record["loss"], done / max(trained_s, 1e-9))
+        bar.update()
         if out.eval_every and (step + 1) % out.eval_every == 0 and step + 1 < steps:
+            t0 = time.perf_counter()
             self._evaluate(step + 1)
+            spent = time.perf_counter() - t0
+            self._eval_s += spent
+            window.pause(spent)
 
     def _record(self, head: dict[str, Any]) -> dict[str, Any]:
         """A metrics record: ``head``, then every counter of the run so far."""
@@ -421,6 +444,8 @@ class Worker:
             prefix=split,
             timeout_s=self.cfg.job.barrier_timeout_s,
             model_name=self.cfg.model.name,
+            user_metrics=self.user_metrics,
+            user_keys=[m.key for m in self.user_metrics],
         )
         if result:
             self.log.write({"step": step, **result})
@@ -514,7 +539,7 @@ class Worker:
                     tables.setdefault(name, {}).update(cached)
             summary = {**head, **counters, **metrics.reduce_workers(everyone)}
             self.log.write({"summary": summary})
-            print(metrics.summary_table(summary), flush=True)
+            print(metrics.summary_table(summary, self.cfg.output.verbose_summary), flush=True)
         stopped = ck.outputs_done(steps - 1)  # the last checkpoint owes nothing now
         self.log.close()
         wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")

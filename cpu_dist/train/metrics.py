@@ -31,6 +31,7 @@ import math
 import os
 import secrets
 import sys
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -161,6 +162,10 @@ class TensorBoardWriter:
             self._writer = None
         else:
             self._writer = SummaryWriter(os.fspath(logdir), purge_step=purge_step)
+        # The last step line's step and phase seconds: a phase's curve is its milliseconds
+        # per step since then (the run's PhaseTimer starts at 0, a resumed run's too).
+        self._phase_at = 0 if purge_step is None else purge_step - 1
+        self._phase_s: dict[str, float] = {}
 
     @property
     def available(self) -> bool:
@@ -170,18 +175,69 @@ class TensorBoardWriter:
         if self._writer is None or "step" not in record:
             return
         step = int(record["step"])
+        for tag, value in self.scalars(record):
+            self._writer.add_scalar(tag, value, step)
+
+    def scalars(self, record: Mapping[str, Any]) -> list[tuple[str, float]]:
+        """A record's numbers as ``(tag, value)``, grouped (:func:`tensorboard_tag`); its
+        phase seconds (``t_<phase>``, cumulative) as ``phase_ms/<phase>``, milliseconds per
+        step over the steps since the last step line."""
+        step = int(record["step"])
+        out: list[tuple[str, float]] = []
+        steps = step - self._phase_at
+        phases = {k[2:]: float(v) for k, v in record.items() if k.startswith("t_")}
         for key, value in record.items():
-            if (
-                key != "step"
-                and isinstance(value, (int, float, np.number))
-                and not isinstance(value, bool)
-            ):
-                self._writer.add_scalar(key, float(value), step)
+            if key == "step" or key.startswith("t_") or not _number(value):
+                continue
+            out.append((tensorboard_tag(key), float(value)))
+        if phases and steps > 0:
+            for name, secs in phases.items():
+                per_step = (secs - self._phase_s.get(name, 0.0)) * 1e3 / steps
+                out.append((f"phase_ms/{name}", per_step))
+            self._phase_at, self._phase_s = step, phases
+        return out
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+
+# Step-line keys that are the training's own figures (train/), beside the loss, throughput
+# and train_*; every other counter of a step line is the sparse side's (ps/).
+TRAIN_KEYS = ("loss", "samples_per_s", "bytes_allreduced", "dense_optimizer_state_bytes")
+
+
+def tensorboard_tag(key: str) -> str:
+    """A record key's TensorBoard tag, in groups: ``train/`` (loss, throughput, train AUC and
+    NE, the dense side's bytes), ``eval/`` and ``test/`` (each evaluation's figures, a
+    ``--metric`` too), ``lr/`` (``lr``: ``lr/dense``; ``lr_<table>``: ``lr/table/<table>``)
+    and ``ps/`` (every other counter: the parameter servers' traffic, commits and reads);
+    ``phase_ms/`` is made from the ``t_`` keys (:meth:`TensorBoardWriter.scalars`)."""
+    for prefix in ("eval_", "test_", "train_"):
+        if key.startswith(prefix):
+            return f"{prefix[:-1]}/{key[len(prefix) :]}"
+    if key == "lr":
+        return "lr/dense"
+    if key.startswith("lr_"):
+        return f"lr/table/{key[3:]}"
+    if key in TRAIN_KEYS:
+        return f"train/{key}"
+    return f"ps/{key}"
+
+
+def learning_rates(cfg: Config, step: int) -> dict[str, float]:
+    """The learning rates job step ``step`` (0-based) ran with: ``lr`` the dense optimizer's,
+    ``lr_<table>`` each table's (``common.schedule``, which every part reads them from)."""
+    t = cfg.train
+    out = {"lr": t.schedule.rate(t.lr, step)}
+    for table in cfg.tables.tables:
+        out[f"lr_{table.name}"] = t.schedule.rate(table.lr, step)
+    return out
 
 
 def record_step(record: Mapping[str, Any]) -> int | None:
@@ -309,6 +365,53 @@ class Window:
         rate = self.samples / max(now - self.t0, 1e-9)
         self.t0, self.samples = now, 0
         return rate
+
+    def pause(self, seconds: float) -> None:
+        """Time spent on something else (an evaluation): not counted in the rate."""
+        self.t0 += seconds
+
+
+class TrainScores:
+    """Train AUC and NE (``train_auc``, ``train_ne``) over the last ``window`` steps' rows of
+    every worker, at each logged step.
+
+    Each worker keeps its own share's logits and labels of the last ``window`` steps; at a
+    logged step (:meth:`figures`, a collective) it sends worker 0 those it has not sent, and
+    worker 0 keeps the global batches, each in the data's order (ranks' shares in rank
+    order), so the figures do not depend on the number of workers.  A resumed run's window
+    starts empty."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._mine: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=window)
+        self._unsent = 0
+        self._steps: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=window)
+
+    def add(self, logits: np.ndarray, labels: np.ndarray) -> None:
+        """One step's logits and labels of this worker's share."""
+        self._mine.append((np.asarray(logits, np.float64), np.asarray(labels, np.float64)))
+        self._unsent = min(self._unsent + 1, self.window)
+
+    def figures(self, comm: Any) -> dict[str, float]:
+        """Every worker calls it at the same logged step; ``{"train_auc", "train_ne"}`` on
+        worker 0 (empty elsewhere)."""
+        from cpu_dist.models.scoring import evaluate
+
+        fresh = list(self._mine)[len(self._mine) - self._unsent :]
+        self._unsent = 0
+        gathered = comm.gather(fresh, root=0)
+        if gathered is None:
+            return {}
+        for shares in zip(*gathered):  # one step: each worker's share, in rank order
+            self._steps.append(
+                (np.concatenate([x[0] for x in shares]), np.concatenate([x[1] for x in shares]))
+            )
+        if not self._steps:
+            return {}
+        s = np.concatenate([x[0] for x in self._steps])
+        y = np.concatenate([x[1] for x in self._steps])
+        result = evaluate(s, y)
+        return {"train_auc": result["auc"], "train_ne": result["ne"]}
 
 
 def _fmt(value: Any) -> str:
@@ -466,18 +569,32 @@ def reduce_workers(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def summary_table(summary: Mapping[str, Any]) -> str:
-    """The end-of-run summary: the figures, then time per phase (``t_<phase>`` keys, worker
-    0's) with its share of all phase time."""
+# The summary's figures a user reads first (and every eval_* and test_* one): the rest are
+# printed with --verbose-summary, and are all in the --metrics-out summary line either way.
+HEADLINE = ("steps", "workers", "ps_shards", "seconds", "samples_per_s", "ps_rows")
+
+
+def _headline(key: str) -> bool:
+    return key in HEADLINE or key.startswith(("eval_", "test_"))
+
+
+def summary_table(summary: Mapping[str, Any], verbose: bool = False) -> str:
+    """The end-of-run summary: the figures (:data:`HEADLINE` and the evaluations' unless
+    ``verbose``), then time per phase (``t_<phase>`` keys, worker 0's) with its share of all
+    phase time; ``verbose`` adds every other figure and the per-table figures."""
 
     def phase(k: str) -> bool:
         return k.startswith("t_") and not k.endswith("_mean")
 
-    plain = [(k, v) for k, v in summary.items() if not phase(k) and not isinstance(v, Mapping)]
+    plain = [
+        (k, v)
+        for k, v in summary.items()
+        if not phase(k) and not isinstance(v, Mapping) and (verbose or _headline(k))
+    ]
     phases = [(k[2:], float(v)) for k, v in summary.items() if phase(k)]
     out = [format_table(plain, ("metric", "value"))]
     tables = summary.get("tables")
-    if isinstance(tables, Mapping) and tables:
+    if verbose and isinstance(tables, Mapping) and tables:
         columns: tuple[str, ...] = ("dim", *TABLE_FIGURES)
         for extra in (TRAFFIC_FIGURES, CACHE_FIGURES):
             if any(k in t for t in tables.values() for k in extra):
@@ -512,3 +629,79 @@ def progress(total: int | None, enabled: bool = True, **kwargs: Any):
     from tqdm import tqdm
 
     return tqdm(total=total, disable=not enabled, dynamic_ncols=True, **kwargs)
+
+
+# The programs that start a job's ranks on this node: a rank's stderr is their pipe, so
+# whether the user sees a terminal is whether theirs is one.
+LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "prterun"})
+
+
+def _stat(proc: Path, pid: int) -> tuple[str, int] | None:
+    """``(command name, parent pid)`` of ``pid`` from ``proc``/PID/stat, or None."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+        return text[text.index("(") + 1 : text.rindex(")")], int(
+            text[text.rindex(")") + 2 :].split()[1]
+        )
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tty_path(link: str) -> bool:
+    return link.startswith(("/dev/pts/", "/dev/tty", "/dev/console"))
+
+
+def on_terminal(proc: str | os.PathLike = "/proc", pid: int | None = None, stderr=None) -> bool:
+    """Whether the user watches this rank's progress on a terminal: its stderr is one, or
+    else (under mpirun its stderr is a pipe to mpirun, its stdout a pseudo-terminal
+    whatever mpirun's own is) the stderr of the launcher it descends from (``LAUNCHERS``,
+    up to four generations) is one.  False where that cannot be told (srun, another node)."""
+    stream = sys.stderr if stderr is None else stderr
+    try:
+        if stream.isatty():
+            return True
+    except (AttributeError, ValueError):
+        pass
+    root = Path(proc)
+    at = os.getppid() if pid is None else pid
+    for _ in range(4):
+        found = _stat(root, at)
+        if found is None:
+            return False
+        name, parent = found
+        if name in LAUNCHERS:
+            try:
+                return _tty_path(os.readlink(root / str(at) / "fd" / "2"))
+            except OSError:
+                return False
+        at = parent
+    return False
+
+
+class Progress:
+    """Worker 0's progress: on a terminal a tqdm bar (steps, the loss and the run's average
+    samples/s, evaluation time excluded); otherwise no bar frames (a log would collect one
+    carriage-return frame per step) but one line every ``--print-freq`` steps."""
+
+    def __init__(self, total: int, start: int, enabled: bool, terminal: bool | None = None):
+        self.total = total
+        self.terminal = enabled and (on_terminal() if terminal is None else terminal)
+        self.lines = enabled and not self.terminal
+        bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+        self.bar = progress(total, self.terminal, initial=start, bar_format=bar_format)
+
+    def logged(self, step: int, loss: float, samples_per_s: float) -> None:
+        """A logged step: its loss and the run's average samples/s so far."""
+        if self.terminal:
+            self.bar.set_postfix(loss=f"{loss:.4f}", sps=f"{samples_per_s:,.0f}", refresh=False)
+        elif self.lines:
+            console(
+                f"step {step}/{self.total}: loss {loss:.4f}  {samples_per_s:,.0f} samples/s "
+                "(run average)"
+            )
+
+    def update(self) -> None:
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

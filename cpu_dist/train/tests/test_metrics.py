@@ -127,7 +127,7 @@ def test_worker_figures_reduce_by_their_kind():
 
 
 def test_the_phase_table_keeps_worker_0s_phases():
-    text = summary_table({"steps": 2, "t_forward": 1.0, "t_forward_mean": 3.0})
+    text = summary_table({"steps": 2, "t_forward": 1.0, "t_forward_mean": 3.0}, verbose=True)
     phase_rows = text.split("\n\n")[1]
     assert "forward" in phase_rows and "forward_mean" not in phase_rows
     assert "t_forward_mean" in text.split("\n\n")[0]
@@ -159,7 +159,7 @@ def test_the_summary_has_each_table_s_figures_summed_over_shards_beside_the_tota
         "b": {"dim": 16, "rows": 4, "rows_dram": 4, "rows_ssd": 0, "rows_admitted": 0,
               "rows_expired": 0, "bytes": 40, "blocks_ahead": 3},
     }  # fmt: skip
-    printed = metrics.summary_table({"steps": 3, **got})
+    printed = metrics.summary_table({"steps": 3, **got}, verbose=True)
     assert "rows_admitted" in printed and printed.splitlines()[-1].split()[:3] == ["b", "16", "4"]
     assert "tables" not in metrics.table_figures([{"rows": 1}], tiered=False, rules=False)
 
@@ -280,7 +280,7 @@ def test_a_resumed_tensorboard_run_drops_its_events_past_the_checkpoint(tmp_path
             log.write({"step": step, "loss": 100.0 + step})
     events = EventAccumulator(str(tb))
     events.Reload()
-    got = [(e.step, e.value) for e in events.Scalars("loss")]
+    got = [(e.step, e.value) for e in events.Scalars("train/loss")]
     assert got == [(s, float(s)) for s in range(1, 6)] + [(s, 100.0 + s) for s in range(6, 9)]
 
 
