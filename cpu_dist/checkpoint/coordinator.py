@@ -439,6 +439,8 @@ class Checkpointer:
         optimizer_state = dense_state.load_dense(Path(path) / DENSE, self.model, step)
         for group in optimizer_state.get("param_groups", []):
             group["lr"] = self.cfg.train.lr  # this run's, which may differ from the saved one
+            # and this run's weight decay, betas, momentum, eps (changed_settings names them)
+            group.update(dict(self.cfg.train.dense_optimizer_args))
         self.dense.load_optimizer_state(optimizer_state)
         if self.chief:
             print(

@@ -133,6 +133,12 @@ class TrainConfig:
     lr: float = DEFAULT_LR
     sparse_lr: float = DEFAULT_LR
     dense_optimizer: str = "sgd"
+    # The dense optimizer's torch keyword arguments but lr, resolved (torch's defaults filled
+    # in): (name, value) pairs, cpu_dist.common.dense_optimizer.dense_optimizer_args.
+    dense_optimizer_args: tuple[tuple[str, object], ...] = (
+        ("momentum", 0.0),
+        ("weight_decay", 0.0),
+    )
     sparse_optimizer: str = "sgd"
     seed: int = 0
     aggregation: str = "ps"  # who sums a step's sparse gradients: "ps" or "collective"

@@ -38,3 +38,8 @@ class FirstRankParser(argparse.ArgumentParser):
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         super().exit(status if launch_rank() == 0 else 0, message)
+
+    def error(self, message: str) -> NoReturn:
+        """One line, as every other refusal of a flag (not argparse's usage dump of every
+        flag before it): the flag, what is wrong, and where the flags are listed."""
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")

@@ -24,6 +24,7 @@ from cpu_dist.common.config import (
     TrainConfig,
 )
 from cpu_dist.common.data_flags import add_data_flags
+from cpu_dist.common.dense_optimizer import DENSE_OPTIMIZERS
 from cpu_dist.common.first_rank import FirstRankParser
 from cpu_dist.common.job_file import JobFileError, apply_job_defaults
 from cpu_dist.common.tables import OPTIMIZERS
@@ -212,8 +213,28 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
         dest = flag[2:].replace("-", "_")
         t.add_argument(flag, type=kind, default=getattr(TrainConfig, dest), help=help_)
     t.add_argument(
-        "--dense-optimizer", default=TrainConfig.dense_optimizer, choices=["sgd", "adamw"]
+        "--dense-optimizer",
+        default=TrainConfig.dense_optimizer,
+        choices=list(DENSE_OPTIMIZERS),
+        help="torch.optim's optimizer of the dense parameters; with a job file, [optimizer] name",
     )
+    for flag, kind, metavar, help_ in (
+        (
+            "--weight-decay",
+            float,
+            "WD",
+            "the dense optimizer's weight decay (torch's default: adamw 0.01, else 0)",
+        ),
+        ("--betas", str, "B1,B2", "dense adam and adamw: betas (torch's default: 0.9,0.999)"),
+        ("--momentum", float, "M", "dense sgd: momentum (torch's default: 0)"),
+        (
+            "--eps",
+            float,
+            "EPS",
+            "dense adam, adamw, adagrad: eps (torch's default: 1e-8; adagrad 1e-10)",
+        ),
+    ):  # None: torch's default (cpu_dist.common.dense_optimizer); a job file's [optimizer]
+        t.add_argument(flag, type=kind, default=None, metavar=metavar, help=help_)
     t.add_argument(
         "--sparse-optimizer",
         default=TrainConfig.sparse_optimizer,

@@ -19,8 +19,11 @@ Read with the standard library's ``tomllib``.  Its parts:
   ``kind``, ``path``, ``multi_hot_sizes``, ``multi_hot_distribution`` are flags of their own;
   ``bags``, ``weights``, ``label``, ``dense``).  Whether the features are the data's and the
   data kind can have them is checked with the flags (``job_file_checks``).
-- A flag that has a key of its own in ``[model]`` or ``[data]`` (:data:`SECTION_KEYS`:
-  ``model``, ``data``) is refused in ``[job]``; like ``[job]`` values, ``[model] name`` and
+- ``[optimizer]``: the dense optimizer, ``name`` (``--dense-optimizer``), ``weight_decay``,
+  ``betas`` (``[0.9, 0.999]``), ``momentum``, ``eps`` (:data:`OPTIMIZER_KEYS`; checked as the
+  flags are, :mod:`cpu_dist.common.dense_optimizer`).
+- A flag that has a key of its own in ``[model]``, ``[data]`` or ``[optimizer]``
+  (:data:`SECTION_KEYS`) is refused in ``[job]``; like ``[job]`` values, ``[model] name`` and
   ``[data] kind`` are the parser's defaults, so ``--model`` and ``--data`` on the command
   line beat them.
 
@@ -65,10 +68,22 @@ TABLE_KEYS = (
     "pooling",
     "cache_capacity",
 )
-SECTIONS = ("job", "tables", "model", "data")
-# The flags that have a key of their own in [model] or [data]: section -> {key: flag dest}.
-# Such a flag is refused in [job], since its home is that key.
-SECTION_KEYS: dict[str, dict[str, str]] = {"model": {"name": "model"}, "data": DATA_FLAG_KEYS}
+SECTIONS = ("job", "tables", "model", "data", "optimizer")
+# [optimizer]: the dense optimizer (cpu_dist.common.dense_optimizer), each key a flag's.
+OPTIMIZER_KEYS = {
+    "name": "dense_optimizer",
+    "weight_decay": "weight_decay",
+    "betas": "betas",
+    "momentum": "momentum",
+    "eps": "eps",
+}
+# The flags that have a key of their own in [model], [data] or [optimizer]: section -> {key:
+# flag dest}.  Such a flag is refused in [job], since its home is that key.
+SECTION_KEYS: dict[str, dict[str, str]] = {
+    "model": {"name": "model"},
+    "data": DATA_FLAG_KEYS,
+    "optimizer": OPTIMIZER_KEYS,
+}
 # [model] keys a factory cannot take as keyword arguments: the job passes them positionally.
 MODEL_POSITIONAL = ("tables", "dense_features")
 # Flags that may not stand in [job]: the job file itself, and the Criteo hashing flags (a
@@ -95,6 +110,7 @@ class JobFile:
         model_name: ``[model] name`` (None: the file names no model).
         model_args: ``[model]``'s other keys, sorted (key, value) pairs (:func:`model_args`).
         data: ``[data]`` (:class:`~cpu_dist.common.job_data.DataSection`).
+        optimizer: ``[optimizer]``'s values by flag dest (``betas`` as ``"B1,B2"``).
     """
 
     path: str
@@ -103,6 +119,7 @@ class JobFile:
     model_name: str | None = None
     model_args: tuple[tuple[str, object], ...] = ()
     data: DataSection = field(default_factory=DataSection)
+    optimizer: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def data_kind(self) -> str | None:
@@ -136,8 +153,8 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
     for key in doc:
         if key not in SECTIONS:
             raise JobFileError(
-                f"{name}: unknown key {key!r} (a job file has [job], [[tables]], [model] and "
-                "[data])"
+                f"{name}: unknown key {key!r} (a job file has [job], [[tables]], [model], [data] "
+                "and [optimizer])"
             )
     job = doc.get("job", {})
     if not isinstance(job, dict):
@@ -166,7 +183,30 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
         model_name=_model_name(name, model["name"]) if "name" in model else None,
         model_args=model_args(name, model),
         data=data,
+        optimizer=_optimizer_section(name, doc.get("optimizer", {})),
     )
+
+
+def _optimizer_section(path: str, section: Mapping[str, Any]) -> dict[str, Any]:
+    """``[optimizer]``'s keys by flag dest; ``betas`` may be an array of two numbers (kept
+    as the flag's ``"B1,B2"``).  Values are checked as the flags are (``job_defaults``)."""
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in OPTIMIZER_KEYS:
+            raise JobFileError(
+                f"{path}: [optimizer] {key}: unknown key ([optimizer] has "
+                f"{', '.join(OPTIMIZER_KEYS)})"
+            )
+        if key == "betas" and isinstance(value, list):
+            if len(value) != 2 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+            ):
+                raise JobFileError(
+                    f"{path}: [optimizer] betas (--betas): expected two numbers, [B1, B2]"
+                )
+            value = ",".join(repr(float(v)) for v in value)
+        out[OPTIMIZER_KEYS[key]] = value
+    return out
 
 
 def _model_name(path: str, value: object) -> str:
@@ -296,6 +336,10 @@ def job_defaults(job_file: JobFile, parser: argparse.ArgumentParser) -> dict[str
         out[key] = _flag_value(job_file.path, action, key, value)
     own: list[tuple[str, str, str, object]] = [("model", "name", "model", job_file.model_name)]
     own += [("data", key, dest, job_file.data.flag(dest)) for key, dest in DATA_FLAG_KEYS.items()]
+    own += [
+        ("optimizer", key, dest, job_file.optimizer.get(dest))
+        for key, dest in OPTIMIZER_KEYS.items()
+    ]
     for section, key, dest, value in own:
         if value is not None and dest in actions:  # a tool without the flag has no use for it
             out[dest] = _flag_value(job_file.path, actions[dest], key, value, section)

@@ -8,6 +8,7 @@ _FLAG_OF_SETTING = {
     "job.worker_num": "--worker-num",
     "job.barrier_timeout_s": "--barrier-timeout",
     "train.max_step": "--max_step",
+    "train.dense_optimizer_args": "--weight-decay/--betas/--momentum/--eps",
     "model.bot_mlp": "--arch-mlp-bot",
     "model.top_mlp": "--arch-mlp-top",
     "model.name": "--model",

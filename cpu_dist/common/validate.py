@@ -25,6 +25,8 @@ from cpu_dist.common.config import (
 from cpu_dist.common.config_errors import ConfigError, as_config_error
 from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.data_checks import parquet_columns, parquet_schema
+from cpu_dist.common.dense_optimizer import FLAGS as DENSE_SETTING_FLAGS
+from cpu_dist.common.dense_optimizer import dense_optimizer_args
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.first_rank import launch_rank
 from cpu_dist.common.flag_warnings import ineffective_flags
@@ -179,6 +181,9 @@ def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
     if not 0 <= a.max_staleness <= 63:
         raise ConfigError(f"--max-staleness {a.max_staleness}: must be in 0..63")
     _schedule(a)
+    dense_args = dense_optimizer_args(
+        a.dense_optimizer, {k: getattr(a, k, None) for k in DENSE_SETTING_FLAGS}
+    )
     return TrainConfig(
         batch_size=a.batch_size,
         max_step=a.max_step if a.max_step is not None else TrainConfig.max_step,
@@ -186,6 +191,7 @@ def _train(a: argparse.Namespace, workers: int) -> TrainConfig:
         lr=a.lr,
         sparse_lr=a.sparse_lr if a.sparse_lr is not None else a.lr,
         dense_optimizer=a.dense_optimizer,
+        dense_optimizer_args=dense_args,
         sparse_optimizer=a.sparse_optimizer,
         seed=a.seed,
         aggregation=a.aggregation,

@@ -6,7 +6,7 @@ autograd accumulates straight into the buffer that MPI reduces: no copy in, no c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from mpi4py import MPI
@@ -69,14 +69,29 @@ def broadcast_parameters(module: torch.nn.Module, comm: MPI.Intracomm, root: int
                 t.copy_(buf)
 
 
+# --dense-optimizer -> torch's class (cpu_dist.common.dense_optimizer decides the arguments)
+TORCH_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "adagrad": torch.optim.Adagrad,
+}
+
+
 def make_dense_optimizer(
-    name: str, params: Iterable[torch.nn.Parameter], lr: float
+    name: str,
+    params: Iterable[torch.nn.Parameter],
+    lr: float,
+    args: Sequence[tuple[str, object]] = (),
 ) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise ValueError(f"--dense-optimizer {name!r}: expected sgd or adamw")
+    """torch's optimizer ``name`` at rate ``lr`` with the job's resolved keyword arguments
+    (``TrainConfig.dense_optimizer_args``; empty: torch's defaults): the workers' two dense
+    paths and the reference build it here, so they step alike."""
+    if name not in TORCH_OPTIMIZERS:
+        raise ValueError(
+            f"--dense-optimizer {name!r}: expected one of {', '.join(TORCH_OPTIMIZERS)}"
+        )
+    return TORCH_OPTIMIZERS[name](params, lr=lr, **dict(args))  # type: ignore[call-arg, arg-type]
 
 
 def set_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

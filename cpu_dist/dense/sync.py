@@ -23,6 +23,8 @@ from mpi4py import MPI
 
 from cpu_dist.dense.allreduce import GradientBuckets, make_dense_optimizer, set_rate
 
+OptimizerArgs = Sequence[tuple[str, object]]
+
 
 class DenseSync(Protocol):
     @property
@@ -63,10 +65,15 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 class AllreduceSync:
     def __init__(
-        self, params: Sequence[torch.nn.Parameter], comm: MPI.Intracomm, optimizer: str, lr: float
+        self,
+        params: Sequence[torch.nn.Parameter],
+        comm: MPI.Intracomm,
+        optimizer: str,
+        lr: float,
+        args: OptimizerArgs = (),
     ) -> None:
         self.buckets = GradientBuckets(params, comm)
-        self.optimizer = make_dense_optimizer(optimizer, params, lr)
+        self.optimizer = make_dense_optimizer(optimizer, params, lr, args)
 
     @property
     def bytes_reduced(self) -> int:
@@ -95,14 +102,19 @@ class AllreduceSync:
 
 class ReduceScatterSync:
     def __init__(
-        self, params: Sequence[torch.nn.Parameter], comm: MPI.Intracomm, optimizer: str, lr: float
+        self,
+        params: Sequence[torch.nn.Parameter],
+        comm: MPI.Intracomm,
+        optimizer: str,
+        lr: float,
+        args: OptimizerArgs = (),
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"--dense-sync reduce_scatter needs one dense dtype, got {dtypes}")
         self.comm, self.world, rank = comm, comm.Get_size(), comm.Get_rank()
-        self.name, self.lr = optimizer, lr
+        self.name, self.lr, self.args = optimizer, lr, args
         n = sum(p.numel() for p in self.params)
         self.chunk = -(-n // self.world)  # ceil: the buffers are padded to W equal slices
         dtype = dtypes.pop()
@@ -121,7 +133,7 @@ class ReduceScatterSync:
         mine = slice(rank * self.chunk, (rank + 1) * self.chunk)
         self.shard = torch.nn.Parameter(self.flat_param[mine])  # shares the buffer's memory
         self.shard.grad = torch.zeros(self.chunk, dtype=dtype)
-        self.optimizer = make_dense_optimizer(optimizer, [self.shard], lr)
+        self.optimizer = make_dense_optimizer(optimizer, [self.shard], lr, args)
         self.bytes_reduced = 0
 
     def zero_grad(self) -> None:
@@ -145,7 +157,7 @@ class ReduceScatterSync:
 
     # -- the checkpoint's form: an optimizer over every dense parameter -------------------
     def _template(self) -> torch.optim.Optimizer:
-        return make_dense_optimizer(self.name, self.params, self.lr)
+        return make_dense_optimizer(self.name, self.params, self.lr, self.args)
 
     def optimizer_state(self) -> dict[str, Any]:
         full = self._template()
@@ -187,10 +199,16 @@ class ReduceScatterSync:
 
 
 def make_dense_sync(
-    kind: str, params: Sequence[torch.nn.Parameter], comm: MPI.Intracomm, optimizer: str, lr: float
+    kind: str,
+    params: Sequence[torch.nn.Parameter],
+    comm: MPI.Intracomm,
+    optimizer: str,
+    lr: float,
+    args: OptimizerArgs = (),
 ) -> DenseSync:
+    """``args``: the optimizer's torch keyword arguments (``TrainConfig.dense_optimizer_args``)."""
     if kind == "allreduce":
-        return AllreduceSync(params, comm, optimizer, lr)
+        return AllreduceSync(params, comm, optimizer, lr, args)
     if kind == "reduce_scatter":
-        return ReduceScatterSync(params, comm, optimizer, lr)
+        return ReduceScatterSync(params, comm, optimizer, lr, args)
     raise ValueError(f"--dense-sync {kind!r}: expected allreduce or reduce_scatter")

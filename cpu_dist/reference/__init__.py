@@ -61,7 +61,10 @@ class ReferenceTrainer:
             if start is not None:
                 start(start_step)
         self.optimizer = make_dense_optimizer(
-            cfg.train.dense_optimizer, self.model.parameters(), cfg.train.lr
+            cfg.train.dense_optimizer,
+            self.model.parameters(),
+            cfg.train.lr,
+            cfg.train.dense_optimizer_args,
         )
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.t = start_step  # the step the next call of step() trains

@@ -53,6 +53,7 @@ from cpu_dist.train.errors import NonFiniteLoss
 from cpu_dist.train.evaluation import evaluate_model
 from cpu_dist.train.job_model import build_job_model, model_args, model_name
 from cpu_dist.train.pipelines import CacheStage, make_committer, make_pipeline
+from cpu_dist.train.start_notes import start_notes
 from cpu_dist.train.step_rows import Plans, dense_named_parameters, distribute
 from cpu_dist.train.user_metric import load_metrics
 
@@ -204,6 +205,7 @@ class Worker:
             self.comm,
             cfg.train.dense_optimizer,
             cfg.train.lr,
+            cfg.train.dense_optimizer_args,
         )
         # The first optimizer imports torch's compiler stack (seconds), done at different times
         # on a loaded node: the workers meet asleep before their next collective, which would
@@ -325,6 +327,8 @@ class Worker:
             self._batches.close()
         if self.chief:
             print(f"cpu_dist: {self._start_line()}", flush=True)
+            for note in [] if self.done else start_notes(cfg):  # what the job runs with
+                print(f"cpu_dist: {note}", flush=True)
         bar = metrics.Progress(
             cfg.train.max_step, self.start, enabled=self.chief and cfg.output.progress
         )

@@ -41,7 +41,7 @@ def test_unknown_flag_is_named_once():
     proc = mpirun(3, ["--worker-num", "2", "--no-such-flag"], timeout=90)
     assert proc.returncode != 0
     assert proc.stderr.count("unrecognized arguments: --no-such-flag") == 1, proc.stderr
-    assert proc.stderr.count("usage: launcher.py") == 1, proc.stderr
+    assert "usage:" not in proc.stderr, proc.stderr  # one line, not a dump of every flag
 
 
 def test_a_flag_without_effect_is_warned_about_once():

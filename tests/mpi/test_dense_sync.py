@@ -30,28 +30,40 @@ def params(net) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in net.parameters()]
 
 
-@pytest.mark.parametrize("optimizer,rtol", [("sgd", 1e-5), ("adamw", 1e-4)])
-def test_reduce_scatter_updates_as_allreduce_does(optimizer, rtol):
+@pytest.mark.parametrize(
+    "optimizer,args,rtol",
+    [
+        ("sgd", (), 1e-5),
+        ("sgd", (("momentum", 0.9), ("weight_decay", 0.01)), 1e-5),
+        ("adam", (("betas", (0.8, 0.99)), ("eps", 1e-8), ("weight_decay", 0.01)), 1e-4),
+        ("adamw", (), 1e-4),
+        ("adagrad", (("eps", 1e-10), ("weight_decay", 0.01)), 1e-5),
+    ],
+)
+def test_reduce_scatter_updates_as_allreduce_does(optimizer, args, rtol):
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     a, b = model(), model()
-    ar = AllreduceSync(list(a.parameters()), comm, optimizer, 0.05)
-    rs = ReduceScatterSync(list(b.parameters()), comm, optimizer, 0.05)
+    ar = AllreduceSync(list(a.parameters()), comm, optimizer, 0.05, args)
+    rs = ReduceScatterSync(list(b.parameters()), comm, optimizer, 0.05, args)
     train(ar, a, 4, rank)
     train(rs, b, 4, rank)
     for x, y in zip(params(a), params(b)):
         np.testing.assert_allclose(y, x, rtol=rtol, atol=1e-6)
+    # the whole state, gathered from the slices, is allreduce's (a checkpoint's form)
+    state, want = rs.optimizer_state(), ar.optimizer_state()
+    assert state["param_groups"][0] == want["param_groups"][0]
+    for i, s in want["state"].items():
+        assert set(state["state"][i]) == set(s)
+        for key, value in s.items():
+            if isinstance(value, torch.Tensor):
+                np.testing.assert_allclose(
+                    state["state"][i][key].numpy(), value.numpy(), rtol=rtol, atol=1e-7
+                )
     if optimizer == "adamw":  # two float32 moments per element and a step per tensor
         n, tensors = sum(p.numel() for p in a.parameters()), len(list(a.parameters()))
         assert ar.optimizer_state_bytes() == 2 * 4 * n + 4 * tensors
         assert rs.optimizer_state_bytes() == 2 * 4 * -(-n // world) + 4  # its slice only
-        state = rs.optimizer_state()  # collective: every rank gets the whole state
-        want = ar.optimizer_state()
-        for i, s in want["state"].items():
-            for key in ("exp_avg", "exp_avg_sq"):
-                np.testing.assert_allclose(
-                    state["state"][i][key].numpy(), s[key].numpy(), rtol=rtol, atol=1e-7
-                )
 
 
 def test_a_checkpoint_moves_between_the_two_paths():

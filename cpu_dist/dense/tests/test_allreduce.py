@@ -40,5 +40,18 @@ def test_float64_parameters_get_their_own_bucket():
 
 
 def test_unknown_optimizer_is_refused():
-    with pytest.raises(ValueError, match="--dense-optimizer 'lamb'"):
+    with pytest.raises(ValueError, match="--dense-optimizer 'lamb': expected one of sgd, adam"):
         make_dense_optimizer("lamb", torch.nn.Linear(1, 1).parameters(), 0.1)
+
+
+def test_the_jobs_settings_reach_torchs_optimizer():
+    args = (("betas", (0.8, 0.99)), ("eps", 1e-6), ("weight_decay", 0.05))
+    opt = make_dense_optimizer("adam", torch.nn.Linear(2, 1).parameters(), 0.1, args)
+    assert isinstance(opt, torch.optim.Adam)
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (
+        0.1,
+        (0.8, 0.99),
+        1e-6,
+        0.05,
+    )
