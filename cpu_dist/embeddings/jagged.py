@@ -257,6 +257,120 @@ class KeyedJaggedTensor:
         for n in self._length_per_key:
             self._offset_per_key.append(self._offset_per_key[-1] + n)
         self._index = {key: i for i, key in enumerate(self._keys)}
+        # Which of lengths and offsets a caller has seen (given, or asked for): both are kept,
+        # but lengths_or_none() / offsets_or_none() answer as TorchRec's lazy KJT does.
+        self._lengths_known = lengths is not None or not k
+        self._offsets_known = offsets is not None or not k
+
+    def _with(
+        self,
+        values: torch.Tensor,
+        weights: torch.Tensor | None,
+        lengths: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> KeyedJaggedTensor:
+        """This KJT's keys and layout over other tensors of the same contents (moved, pinned):
+        nothing to check again."""
+        out = object.__new__(KeyedJaggedTensor)
+        out.__dict__.update(self.__dict__)
+        out._values, out._weights, out._lengths, out._offsets = values, weights, lengths, offsets
+        return out
+
+    def to(
+        self,
+        device: torch.device | str,
+        non_blocking: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> KeyedJaggedTensor:
+        """A copy on ``device`` (TorchRec's ``to``): ``dtype``, when given, applies to the
+        weights only; ids, lengths and offsets keep theirs."""
+        w = self._weights
+        return self._with(
+            self._values.to(device, non_blocking=non_blocking),
+            None if w is None else w.to(device=device, dtype=dtype, non_blocking=non_blocking),
+            self._lengths.to(device, non_blocking=non_blocking),
+            self._offsets.to(device, non_blocking=non_blocking),
+        )
+
+    def pin_memory(self) -> KeyedJaggedTensor:
+        """A copy in page-locked host memory, for a later ``to(device, non_blocking=True)``
+        (needs an accelerator, as torch's ``Tensor.pin_memory`` does)."""
+        w = self._weights
+        return self._with(
+            self._values.pin_memory(),
+            None if w is None else w.pin_memory(),
+            self._lengths.pin_memory(),
+            self._offsets.pin_memory(),
+        )
+
+    def sync(self) -> KeyedJaggedTensor:
+        """TorchRec computes ``length_per_key`` and ``offset_per_key`` here; ours are computed
+        when built, so this returns the same KJT (for code written against TorchRec's)."""
+        return self
+
+    def lengths_or_none(self) -> torch.Tensor | None:
+        """The lengths if given or asked for (``lengths()``), else None, as TorchRec's."""
+        return self._lengths if self._lengths_known else None
+
+    def offsets_or_none(self) -> torch.Tensor | None:
+        """The offsets if given or asked for (``offsets()``), else None, as TorchRec's."""
+        return self._offsets if self._offsets_known else None
+
+    def split(self, segments: Sequence[int]) -> list[KeyedJaggedTensor]:
+        """Consecutive groups of keys, ``segments[i]`` keys each (TorchRec's ``split``): a
+        segment of every key is this KJT itself, a segment of 0 an empty KJT of the same
+        stride; keys left after the last segment are in none."""
+        if any(int(n) < 0 for n in segments) or sum(segments) > len(self._keys):
+            raise ValueError(
+                f"KeyedJaggedTensor.split: segments {list(segments)} must be >= 0 and sum to at "
+                f"most the {len(self._keys)} keys"
+            )
+        out: list[KeyedJaggedTensor] = []
+        start, s = 0, self._stride
+        for n in segments:
+            end = start + int(n)
+            if n == len(self._keys):
+                out.append(self)
+            else:
+                lo, hi = self._offset_per_key[start], self._offset_per_key[end]
+                w = self._weights
+                out.append(
+                    KeyedJaggedTensor(
+                        self._keys[start:end],
+                        self._values[lo:hi],
+                        None if w is None else w[lo:hi],
+                        lengths=self._lengths[start * s : end * s],
+                        stride=s,
+                    )
+                )
+            start = end
+        return out
+
+    def permute(
+        self, indices: Sequence[int], indices_tensor: torch.Tensor | None = None
+    ) -> KeyedJaggedTensor:
+        """The keys in the order ``indices`` names them, each with its bags and weights
+        (TorchRec's ``permute``; ``indices_tensor`` is accepted and unused).  A subset is
+        allowed; a key named twice is refused, since our keys are unique."""
+        del indices_tensor
+        k, s = len(self._keys), self._stride
+        for i in indices:
+            if not 0 <= int(i) < k:
+                raise IndexError(f"KeyedJaggedTensor.permute: index {i} is not in 0..{k - 1}")
+        spans = [(self._offset_per_key[i], self._offset_per_key[i + 1]) for i in indices]
+        w = self._weights
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t[lo:hi] for lo, hi in spans]) if spans else t[:0]
+
+        lengths = [self._lengths[i * s : (i + 1) * s] for i in indices]
+        return KeyedJaggedTensor(
+            [self._keys[i] for i in indices],
+            gather(self._values),
+            None if w is None else gather(w),
+            lengths=torch.cat(lengths) if lengths else self._lengths[:0],
+            stride=s,
+        )
 
     @staticmethod
     def from_lengths_sync(
@@ -308,9 +422,11 @@ class KeyedJaggedTensor:
         return self._values
 
     def lengths(self) -> torch.Tensor:
+        self._lengths_known = True
         return self._lengths
 
     def offsets(self) -> torch.Tensor:
+        self._offsets_known = True
         return self._offsets
 
     def weights(self) -> torch.Tensor:
