@@ -75,9 +75,9 @@ class UserMetric:
         if cls is None:
             raise MetricError(f"--metric {spec}: {target} has no {name!r}")
         if not (isinstance(cls, type) and issubclass(cls, Metric)):
+            what = "a class" if isinstance(cls, type) else f"a {type(cls).__name__}"
             raise MetricError(
-                f"--metric {spec}: {name} is a {type(cls).__name__}, not a subclass of "
-                "torchmetrics.Metric"
+                f"--metric {spec}: {name} is {what} but not a subclass of torchmetrics.Metric"
             )
         self.spec, self.cls, self.key = spec, cls, metric_key(name)
 
