@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpu_dist.embeddings.config import EmbeddingBagConfig, pooling_type
+from cpu_dist.embeddings.foreign import our_fields
 from cpu_dist.embeddings.jagged import KeyedJaggedTensor, as_keyed_jagged
 from cpu_dist.embeddings.keyed import KeyedTensor
 from cpu_dist.embeddings.pooling import pool_bags
@@ -34,7 +35,8 @@ __all__ = [
 
 
 def _as_config(table: object, index: int) -> EmbeddingBagConfig:
-    """Ours as it is; TorchRec's own ``EmbeddingBagConfig`` from its fields."""
+    """Ours as it is; TorchRec's own ``EmbeddingBagConfig`` from its fields, and ours (the
+    optimizer, lr, ...) from the job building the model (``foreign.our_fields``)."""
     if isinstance(table, EmbeddingBagConfig):
         return table
     fields = ("num_embeddings", "embedding_dim", "name", "feature_names")
@@ -50,6 +52,7 @@ def _as_config(table: object, index: int) -> EmbeddingBagConfig:
         weight_init_max=getattr(table, "weight_init_max", None),
         weight_init_min=getattr(table, "weight_init_min", None),
         pooling=pooling_type(getattr(table, "pooling", "sum"), f"tables[{index}]"),
+        **our_fields(table.name),  # type: ignore[attr-defined, arg-type]
     )
 
 

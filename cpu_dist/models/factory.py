@@ -23,6 +23,7 @@ code its weights belong to.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -37,8 +38,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from cpu_dist.common.config import ModelError
-from cpu_dist.embeddings import EmbeddingBagConfig, collections_of
+from cpu_dist.common.config import DEFAULT_LR, ModelError
+from cpu_dist.common.tables import OPTIMIZERS
+from cpu_dist.embeddings import EmbeddingBagConfig, collections_of, foreign
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -299,13 +301,21 @@ def build_model(
                 f"model {spec!r}: {getattr(factory, '__name__', 'FUNC')}() {exc} (its "
                 f"arguments: {takes})"
             ) from exc
+    # A TorchRec EmbeddingBagConfig the factory builds a collection from takes our fields
+    # (optimizer, lr, ...) from the table of its name (the job's, an export's, a bundle's).
+    own = (
+        contextlib.nullcontext()
+        if foreign.active()
+        else foreign.job_table_defaults(OPTIMIZERS[0], DEFAULT_LR, table_list)
+    )
     try:
-        if seed is None:
-            model = factory(table_list, dense_features, **arguments)
-        else:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
+        with own:
+            if seed is None:
                 model = factory(table_list, dense_features, **arguments)
+            else:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    model = factory(table_list, dense_features, **arguments)
     except ModelError:
         raise
     except Exception as exc:

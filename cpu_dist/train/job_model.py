@@ -12,6 +12,7 @@ from torch import nn
 
 from cpu_dist.common.config import Config
 from cpu_dist.embeddings import EmbeddingBagConfig, configs_of
+from cpu_dist.embeddings.foreign import job_table_defaults
 from cpu_dist.models.factory import build_model
 
 __all__ = ["build_job_model", "model_args", "model_name", "model_tables"]
@@ -52,12 +53,18 @@ def _as_lists(value: Any) -> Any:
     return value
 
 
-def build_job_model(cfg: Config, dense_features: int) -> nn.Module:
+def build_job_model(cfg: Config, dense_features: int, notes: list[str] | None = None) -> nn.Module:
     """The job's model, its dense part in ``--dtype`` (``model.dtype``), its collections'
-    rows local until a job distributes them (``cpu_dist.train.step_rows.distribute``)."""
-    model = build_model(
-        model_name(cfg), model_tables(cfg), dense_features, model_args(cfg), seed=cfg.train.seed
-    )
+    rows local until a job distributes them (``cpu_dist.train.step_rows.distribute``).  A
+    TorchRec ``EmbeddingBagConfig`` the model builds a collection from takes its optimizer and
+    lr from the job (``embeddings.foreign``); ``notes`` gets a line per such table."""
+    tables = model_tables(cfg)
+    with job_table_defaults(cfg.train.sparse_optimizer, cfg.train.sparse_lr, tables) as said:
+        model = build_model(
+            model_name(cfg), tables, dense_features, model_args(cfg), seed=cfg.train.seed
+        )
+    if notes is not None:
+        notes.extend(said)
     if cfg.model.dtype == "float64":
         model.to(torch.float64)
     return model

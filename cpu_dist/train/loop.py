@@ -191,7 +191,8 @@ class Worker:
         the step pipeline reads (``step_rows``), everything else is dense, started from worker
         0's parameters and stepped by the dense sync."""
         cfg = self.cfg
-        self.model = build_job_model(cfg, self.dataset.num_dense)
+        self.table_notes: list[str] = []  # TorchRec configs' optimizer and lr, said at start
+        self.model = build_job_model(cfg, self.dataset.num_dense, self.table_notes)
         self.tables = [
             c for _, ebc in collections_of(self.model) for c in ebc.embedding_bag_configs()
         ]
@@ -327,7 +328,7 @@ class Worker:
             self._batches.close()
         if self.chief:
             print(f"cpu_dist: {self._start_line()}", flush=True)
-            for note in [] if self.done else start_notes(cfg):  # what the job runs with
+            for note in [] if self.done else start_notes(cfg, self.table_notes):
                 print(f"cpu_dist: {note}", flush=True)
         bar = metrics.Progress(
             cfg.train.max_step, self.start, enabled=self.chief and cfg.output.progress

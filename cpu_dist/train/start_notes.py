@@ -4,6 +4,8 @@ prefix; the functions are pure, so tests call them without a job."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cpu_dist.common.config import Config
 from cpu_dist.common.dense_optimizer import describe
 
@@ -15,6 +17,7 @@ def dense_note(cfg: Config) -> str:
     return f"dense optimizer {describe(t.dense_optimizer, t.lr, t.dense_optimizer_args)}"
 
 
-def start_notes(cfg: Config) -> list[str]:
-    """The notes of a job, in the order printed."""
-    return [dense_note(cfg)]
+def start_notes(cfg: Config, table_notes: Sequence[str] = ()) -> list[str]:
+    """The notes of a job, in the order printed: the dense optimizer, then each TorchRec
+    ``EmbeddingBagConfig`` the model converted (``train.job_model.build_job_model``)."""
+    return [dense_note(cfg), *table_notes]
