@@ -218,7 +218,7 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
         choices=list(DENSE_OPTIMIZERS),
         help="torch.optim's optimizer of the dense parameters; with a job file, [optimizer] name",
     )
-    for flag, kind, metavar, help_ in (
+    settings: tuple[tuple[str, type, str, str], ...] = (
         (
             "--weight-decay",
             float,
@@ -233,8 +233,9 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
             "EPS",
             "dense adam, adamw, adagrad: eps (torch's default: 1e-8; adagrad 1e-10)",
         ),
-    ):  # None: torch's default (cpu_dist.common.dense_optimizer); a job file's [optimizer]
-        t.add_argument(flag, type=kind, default=None, metavar=metavar, help=help_)
+    )
+    for name, convert, metavar, text in settings:  # None: torch's default; [optimizer] key
+        t.add_argument(name, type=convert, default=None, metavar=metavar, help=text)
     t.add_argument(
         "--sparse-optimizer",
         default=TrainConfig.sparse_optimizer,
