@@ -277,7 +277,9 @@ class OutputConfig:
     export: str | None = None  # a serving bundle at the end (cpu_dist.serving.bundle)
     tensorboard: str | None = None
     progress: bool = True
-    metric_window: int = 100  # steps whose rows train_auc/train_ne are over; 0: none
+    # Steps whose rows train_auc/train_ne are over (0: none).  Worker 0 ranks them at every
+    # logged step: 20 steps of the default 2048 rows take about 7 ms, 100 about 40 ms.
+    metric_window: int = 20
     metrics: tuple[str, ...] = ()  # --metric MODULE:CLASS, the user's torchmetrics.Metric
     verbose_summary: bool = False
 

