@@ -25,6 +25,7 @@ from cpu_dist.common.tables import (
     JobTables,
     flag_table,
 )
+from cpu_dist.common.user_files import is_file_target
 
 # The built-in models' names (``--model``), the first the default: the keys of
 # ``cpu_dist.models.factory.BUILTIN_MODELS``, restated here because the flags' checks must not
@@ -365,7 +366,7 @@ def model_source_problem(spec: str) -> str | None:
     if ":" not in spec or model_spec_problem(spec) is not None:
         return None
     target = spec.rsplit(":", 1)[0]
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if is_file_target(target):
         path = Path(target)
         if path.is_file():
             return None
@@ -410,7 +411,7 @@ def model_spec_problem(spec: object) -> str | None:
     target, func = spec.rsplit(":", 1)
     if not _FUNC_RE.fullmatch(func):
         return f"{func!r} is not a function name (expected {forms})"
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if is_file_target(target):
         return None
     if not _MODULE_RE.fullmatch(target):
         return f"{target!r} is neither a dotted module name nor a .py file (expected {forms})"

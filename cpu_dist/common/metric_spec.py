@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from cpu_dist.common.config import model_source_problem
+from cpu_dist.common.user_files import is_file_target
 
 _CLASS_RE = re.compile(r"[A-Za-z_]\w*")
 _MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -36,7 +37,7 @@ def metric_spec_problem(spec: str) -> str | None:
     target, name = split_metric_spec(spec)
     if not _CLASS_RE.fullmatch(name):
         return f"{name!r} is not a class name (expected {forms})"
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    is_file = is_file_target(target)
     if not is_file and not _MODULE_RE.fullmatch(target):
         return f"{target!r} is neither a dotted module name nor a .py file (expected {forms})"
     if metric_key(name) in BUILT_IN:

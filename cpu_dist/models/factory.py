@@ -29,7 +29,6 @@ import importlib
 import importlib.util
 import inspect
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from torch import nn
 
 from cpu_dist.common.config import DEFAULT_LR, ModelError
 from cpu_dist.common.tables import OPTIMIZERS
+from cpu_dist.common.user_files import UserFileError, is_file_target, load_user_file
 from cpu_dist.embeddings import EmbeddingBagConfig, collections_of, foreign
 
 __all__ = [
@@ -120,7 +120,7 @@ def parse_model_spec(spec: str) -> ModelSpec:
     target, func = spec.rsplit(":", 1)
     if not _FUNC_RE.fullmatch(func):
         raise ModelError(f"model {spec!r}: {func!r} is not a function name (expected {_FORMS})")
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if is_file_target(target):
         return ModelSpec(spec, "file", target, func)
     if not _MODULE_RE.fullmatch(target):
         raise ModelError(
@@ -132,30 +132,10 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 def _load_file(spec: ModelSpec) -> Any:
     """The file's module, loaded once per (path, content) under a name of its own."""
-    path = Path(spec.target)
-    if not path.is_file():
-        why = "is not a file" if path.exists() else "does not exist"
-        raise ModelError(f"model {spec.spec!r}: {spec.target} {why} (resolved: {path.resolve()})")
-    source = path.read_bytes()
-    resolved = str(path.resolve())
-    digest = hashlib.sha256(resolved.encode() + b"\0" + source).hexdigest()[:16]
-    stem = re.sub(r"\W", "_", path.stem)
-    name = f"cpu_dist_user_model_{stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    found = importlib.util.spec_from_file_location(name, resolved)
-    if found is None or found.loader is None:
-        raise ModelError(f"model {spec.spec!r}: {spec.target} cannot be loaded as Python")
-    module = importlib.util.module_from_spec(found)
-    sys.modules[name] = module  # before exec: dataclasses and pickling look themselves up
     try:
-        found.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise ModelError(
-            f"model {spec.spec!r}: loading {spec.target} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    return module
+        return load_user_file(spec.target, "model")
+    except UserFileError as exc:
+        raise ModelError(f"model {spec.spec!r}: {exc}") from exc
 
 
 def _import(spec: ModelSpec) -> Any:

@@ -12,18 +12,15 @@ happen on worker 0 as the job starts (:func:`load_metrics`), a failure there one
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
-import re
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cpu_dist.common.metric_spec import BUILT_IN, metric_key, split_metric_spec
+from cpu_dist.common.user_files import UserFileError, is_file_target, load_user_file
 
 
 class MetricError(ValueError):
@@ -32,29 +29,11 @@ class MetricError(ValueError):
 
 def _load_module(spec: str, target: str) -> Any:
     """The module ``target`` names: a file loaded under a name of its own, or an import."""
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        path = Path(target)
-        if not path.is_file():
-            raise MetricError(f"--metric {spec}: {target} does not exist ({path.resolve()})")
-        resolved = str(path.resolve())
-        digest = hashlib.sha256(resolved.encode() + b"\0" + path.read_bytes()).hexdigest()[:16]
-        stem = re.sub(r"\W", "_", path.stem)
-        name = f"cpu_dist_user_metric_{stem}_{digest}"
-        if name in sys.modules:
-            return sys.modules[name]
-        found = importlib.util.spec_from_file_location(name, resolved)
-        if found is None or found.loader is None:
-            raise MetricError(f"--metric {spec}: {target} cannot be loaded as Python")
-        module = importlib.util.module_from_spec(found)
-        sys.modules[name] = module
+    if is_file_target(target):
         try:
-            found.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[name]
-            raise MetricError(
-                f"--metric {spec}: loading {target} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        return module
+            return load_user_file(target, "metric")
+        except UserFileError as exc:
+            raise MetricError(f"--metric {spec}: {exc}") from exc
     try:
         return importlib.import_module(target)
     except Exception as exc:

@@ -18,30 +18,12 @@ from torchmetrics.functional.classification import binary_auroc
 from cpu_dist.common.metrics_log import read_records
 from cpu_dist.data import eval_batches, make_dataset
 from cpu_dist.data.generate import write_file
+from cpu_dist.testing.user_code import USER_METRIC
 
 from .launch import SMALL, mpirun, run_module, with_flags
 
 pytestmark = pytest.mark.timeout(600)
 
-USER_METRIC = """
-import torch
-from torchmetrics import Metric
-
-
-class MeanPrediction(Metric):
-    def __init__(self):
-        super().__init__()
-        zero = torch.tensor(0.0, dtype=torch.float64)
-        self.add_state("total", default=zero, dist_reduce_fx="sum")
-        self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
-
-    def update(self, preds, target):
-        self.total += preds.sum()
-        self.count += preds.numel()
-
-    def compute(self):
-        return self.total / self.count
-"""
 FIGURES = ("auc", "logloss", "ne", "calibration", "ctr", "mean_prediction")
 
 

@@ -17,6 +17,7 @@ from cpu_dist.common.config import Config, JobConfig, TrainConfig
 from cpu_dist.common.metric_spec import metric_key, metric_spec_problem
 from cpu_dist.data import Batch
 from cpu_dist.models.scoring import evaluate
+from cpu_dist.testing.user_code import USER_METRIC
 from cpu_dist.train import metrics
 from cpu_dist.train.evaluation import in_data_order, share
 from cpu_dist.train.user_metric import MetricError, load_metrics
@@ -111,25 +112,10 @@ def test_each_logged_step_has_the_dense_and_every_table_s_rate():
     }
 
 
-USER_METRIC = """
-import torch
-from torchmetrics import Metric
-
-
-class MeanPrediction(Metric):
-    def __init__(self):
-        super().__init__()
-        zero = torch.tensor(0.0, dtype=torch.float64)
-        self.add_state("total", default=zero, dist_reduce_fx="sum")
-        self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
-
-    def update(self, preds, target):
-        self.total += preds.sum()
-        self.count += preds.numel()
-
-    def compute(self):
-        return self.total / self.count
-
+# The user's metric, and two classes the flag must refuse.
+USER_METRICS = (
+    USER_METRIC
+    + """
 
 class Vector(MeanPrediction):
     def compute(self):
@@ -139,11 +125,12 @@ class Vector(MeanPrediction):
 class NotAMetric:
     pass
 """
+)
 
 
 def test_a_user_metric_from_a_file_is_loaded_tried_and_computed(tmp_path):
     path = tmp_path / "my_metrics.py"
-    path.write_text(USER_METRIC)
+    path.write_text(USER_METRICS)
     (metric,) = load_metrics([f"{path}:MeanPrediction"])
     assert metric.key == "mean_prediction"
     assert metric(np.array([0.25, 0.75, 0.5]), np.array([0, 1, 1])) == pytest.approx(0.5)
