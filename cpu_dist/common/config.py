@@ -83,6 +83,9 @@ class JobConfig:
     # How much lower a worker's CPU priority (nice) is than the PS ranks on its node: a shard's
     # applies and gathers are short and every worker waits on them (common/threads.py).
     worker_nice: int = 5
+    # Each worker's torch threads; 0: OMP_NUM_THREADS, else its share of the node's cores
+    # (common/threads.py).
+    worker_threads: int = 0
 
     @property
     def external_shards(self) -> bool:

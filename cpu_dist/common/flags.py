@@ -107,6 +107,14 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         help="workers that share a node with a PS rank run this much nicer than it, so that "
         "the shard's short commits and reads are not queued behind their compute (0: off)",
     )
+    g.add_argument(
+        "--worker-threads",
+        type=int,
+        default=JobConfig.worker_threads,
+        metavar="N",
+        help="torch threads of each worker (0: OMP_NUM_THREADS when set, else an equal share of "
+        "its node's cores among the node's workers)",
+    )
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,9 @@ mpirun binds nothing here (scripts/env.sh), so every rank sees all of the node's
 alone, each worker's torch would start one thread per core and W workers would oversubscribe
 the node W times.  Each worker takes an equal share of the cores it may run on instead, so a
 single worker uses the whole node.  OMP_NUM_THREADS, when set (Slurm's cpus-per-task, a
-user), wins.
+user), wins over the share, and ``--worker-threads`` over both.  The start line says each
+worker's count and why (``train/thread_check.py``), and a job whose workers' threads run no
+faster than one thread says so once, with the flag to set.
 
 A worker that shares its node with other ranks (a PS shard, other workers) also has torch's
 idle OpenMP threads spin only briefly before they sleep (``GOMP_SPINCOUNT``): libgomp's default
@@ -48,24 +50,50 @@ def node_share(world: MPI.Intracomm, is_worker: bool) -> NodeShare:
         node.Free()
 
 
-def share_cores(node: NodeShare) -> int:
+@dataclass(frozen=True)
+class ThreadChoice:
+    """A worker's torch thread count and why (the start line says both, per worker)."""
+
+    threads: int
+    why: str
+    # Idle OpenMP threads spin only SPIN_COUNT times before they sleep (a shared node).
+    short_spin: bool = False
+
+
+def choose_threads(
+    node: NodeShare, requested: int, env: dict[str, str], cores: int
+) -> ThreadChoice:
+    """The thread count: ``--worker-threads`` when given (``requested`` > 0), else
+    OMP_NUM_THREADS (Slurm's cpus-per-task, a user's), else an equal share of the ``cores``
+    this process may run on among the node's workers.  Pure: the start line's words."""
+    if requested > 0:
+        return ThreadChoice(requested, f"--worker-threads {requested}")
+    if env.get("OMP_NUM_THREADS"):
+        return ThreadChoice(
+            int(env["OMP_NUM_THREADS"]), f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}"
+        )
+    workers = max(node.workers, 1)
+    n = max(1, cores // workers)
+    return ThreadChoice(n, f"{cores} cores on its node for {workers} worker{'s' * (workers > 1)}")
+
+
+def share_cores(node: NodeShare, requested: int = 0) -> ThreadChoice:
     """Before this process first imports torch (libgomp reads its wait policy when it loads):
-    torch's thread count and, on a shared node, a short spin (``SPIN_COUNT``) before an idle
-    thread sleeps.  In ``bench_models.py``'s one-worker job (worker and shard on two cores),
-    alternating runs of 100 steps: libgomp's default spin 9.4-9.6k samples/s, the passive wait
-    9.0k, the short spin 10.7-10.8k (its forward and backward 66 ms a step against 83 passive);
-    a row-wise Adagrad one-worker job 21.2-21.3k passive against 22.1-22.9k."""
+    torch's thread count (:func:`choose_threads`) and, on a shared node, a short spin
+    (``SPIN_COUNT``) before an idle thread sleeps.  In ``bench_models.py``'s one-worker job
+    (worker and shard on two cores), alternating runs of 100 steps: libgomp's default spin
+    9.4-9.6k samples/s, the passive wait 9.0k, the short spin 10.7-10.8k (its forward and
+    backward 66 ms a step against 83 passive); a row-wise Adagrad one-worker job 21.2-21.3k
+    passive against 22.1-22.9k."""
+    short_spin = False
     if node.ranks > 1 and "torch" not in sys.modules:
         if "OMP_WAIT_POLICY" not in os.environ:
-            os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
-    if os.environ.get("OMP_NUM_THREADS"):
-        n = int(os.environ["OMP_NUM_THREADS"])
-    else:
-        n = max(1, len(os.sched_getaffinity(0)) // max(node.workers, 1))
+            short_spin = os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT) == SPIN_COUNT
+    choice = choose_threads(node, requested, dict(os.environ), len(os.sched_getaffinity(0)))
     import torch  # here: PS ranks, which never compute, do not pay its import
 
-    torch.set_num_threads(n)
-    return n
+    torch.set_num_threads(choice.threads)
+    return ThreadChoice(choice.threads, choice.why, short_spin)
 
 
 def yield_to_shards(node: NodeShare, nice: int) -> int:

@@ -103,6 +103,10 @@ def _job(a: argparse.Namespace, world_size: int) -> JobConfig:
         raise ConfigError(f"--session-idle-timeout {a.session_idle_timeout}: must be >= 0")
     if not 0 <= a.worker_nice <= 19:
         raise ConfigError(f"--worker-nice {a.worker_nice}: must be in 0..19 (a nice increment)")
+    if a.worker_threads < 0:
+        raise ConfigError(
+            f"--worker-threads {a.worker_threads}: must be >= 0 (0: the node's share)"
+        )
     return JobConfig(
         worker_num=w,
         num_ps_ranks=n_ps,
@@ -115,6 +119,7 @@ def _job(a: argparse.Namespace, world_size: int) -> JobConfig:
         reuse_shard_rows=a.reuse_shard_rows,
         session_idle_timeout_s=a.session_idle_timeout,
         worker_nice=a.worker_nice,
+        worker_threads=a.worker_threads,
     )
 
 

@@ -123,7 +123,7 @@ def _run_roles(cfg: Config, roles: Roles, token: str, session: int, owner: Owner
     stopped = False
     if roles.is_worker:
         yield_to_shards(node, cfg.job.worker_nice)  # before any thread of the worker's starts
-        share_cores(node)  # before torch's first import (the loop's)
+        threads = share_cores(node, cfg.job.worker_threads)  # before torch's first import
         from cpu_dist.train.loop import train_worker
 
         addresses = (
@@ -132,7 +132,9 @@ def _run_roles(cfg: Config, roles: Roles, token: str, session: int, owner: Owner
             else exchange_ps_addresses(roles, None, None, cfg.job.barrier_timeout_s)
         )
         try:
-            stopped = train_worker(cfg, roles, token, session, addresses, not external, owner)
+            stopped = train_worker(
+                cfg, roles, token, session, addresses, not external, owner, threads
+            )
         except PSError as exc:
             renamed = _name_shard_rank(exc, roles, external)
             if renamed is exc:

@@ -27,6 +27,7 @@ from cpu_dist.checkpoint.owner import Owner
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE
 from cpu_dist.common.mpi_context import Roles, wait_all
+from cpu_dist.common.threads import ThreadChoice
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.data import Batch, WorkerBatches, dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
@@ -55,6 +56,7 @@ from cpu_dist.train.job_model import build_job_model, model_args, model_name
 from cpu_dist.train.pipelines import CacheStage, make_committer, make_pipeline
 from cpu_dist.train.start_notes import start_notes
 from cpu_dist.train.step_rows import Plans, dense_named_parameters, distribute
+from cpu_dist.train.thread_check import ThreadCheck, thread_notes
 from cpu_dist.train.user_metric import load_metrics
 
 # Workers meet after backward in a barrier that sleeps between polls: the wait for the slowest
@@ -112,6 +114,7 @@ class Worker:
         session: int,
         addresses: list[str],
         owner: Owner | None = None,
+        threads: ThreadChoice | None = None,
     ):
         self.cfg, self.comm = cfg, roles.comm
         self.rank, self.world = roles.role_rank, roles.role_size
@@ -159,6 +162,7 @@ class Worker:
         )
         self.start = self.checkpointer.restore()  # --resume: rows, dense state; 0 otherwise
         self.committer.start_at(self.start)
+        self.threads = ThreadCheck(self.comm, threads or ThreadChoice(1, "not chosen"), self.start)
         self.pipeline = make_pipeline(
             cfg, self.client, self.committer, self.comm, self.dataset, self.timer, self._unique
         )
@@ -328,7 +332,8 @@ class Worker:
             self._batches.close()
         if self.chief:
             print(f"cpu_dist: {self._start_line()}", flush=True)
-            for note in [] if self.done else start_notes(cfg, self.table_notes):
+            threads = thread_notes(self.threads.choices, cfg.job.num_ps_ranks, cfg.job.worker_nice)
+            for note in [] if self.done else start_notes(cfg, self.table_notes, threads):
                 print(f"cpu_dist: {note}", flush=True)
         bar = metrics.Progress(
             cfg.train.max_step, self.start, enabled=self.chief and cfg.output.progress
@@ -347,6 +352,8 @@ class Worker:
             if not self.pipeline.prefetch_early and step + 1 < cfg.train.max_step:
                 ahead = self._ahead(step)  # the pipeline may start reading step + 1
             self._dense_step(step)
+            if (note := self.threads.after_step(step)) is not None and self.chief:
+                print(f"cpu_dist: note: {note}", flush=True)
             window.samples += cfg.train.batch_size
             window.add_loss(loss.item())
             if self.train_scores is not None and self._logits is not None:
@@ -561,7 +568,9 @@ def train_worker(
     addresses: list[str],
     stop_shards: bool,
     owner: Owner | None = None,
+    threads: ThreadChoice | None = None,
 ) -> bool:
     """True when the job stopped on request (``Worker.run``); ``owner``: world rank 0's hold
-    on the checkpoint directory (the preflight's)."""
-    return Worker(cfg, roles, token, session, addresses, owner).run(stop_shards)
+    on the checkpoint directory (the preflight's); ``threads``: this worker's torch threads
+    (``common.threads.share_cores``)."""
+    return Worker(cfg, roles, token, session, addresses, owner, threads).run(stop_shards)

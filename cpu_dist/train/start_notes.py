@@ -17,7 +17,10 @@ def dense_note(cfg: Config) -> str:
     return f"dense optimizer {describe(t.dense_optimizer, t.lr, t.dense_optimizer_args)}"
 
 
-def start_notes(cfg: Config, table_notes: Sequence[str] = ()) -> list[str]:
-    """The notes of a job, in the order printed: the dense optimizer, then each TorchRec
-    ``EmbeddingBagConfig`` the model converted (``train.job_model.build_job_model``)."""
-    return [dense_note(cfg), *table_notes]
+def start_notes(
+    cfg: Config, table_notes: Sequence[str] = (), thread_notes: Sequence[str] = ()
+) -> list[str]:
+    """The notes of a job, in the order printed: the dense optimizer, each TorchRec
+    ``EmbeddingBagConfig`` the model converted (``train.job_model.build_job_model``), then
+    each rank's threads (``train.thread_check.thread_notes``)."""
+    return [dense_note(cfg), *table_notes, *thread_notes]

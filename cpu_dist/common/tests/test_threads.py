@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from cpu_dist.common.threads import SPIN_COUNT
+from cpu_dist.common.threads import SPIN_COUNT, NodeShare, ThreadChoice, choose_threads
 
 CHECK = """
 import os, sys
 from cpu_dist.common.threads import NodeShare, share_cores
-n = share_cores(NodeShare(ranks={ranks}, workers={workers}))
+n = share_cores(NodeShare(ranks={ranks}, workers={workers})).threads
 import torch
 print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"), n,
       torch.get_num_threads())
@@ -50,6 +50,16 @@ def test_workers_share_the_cores():
     cores = len(os.sched_getaffinity(0))
     expected = str(max(1, cores // 2))
     assert run(3, 2)[2:] == [expected, expected]
+
+
+def test_the_flag_wins_over_the_environment_which_wins_over_the_share():
+    node = NodeShare(ranks=3, workers=2)
+    env = {"OMP_NUM_THREADS": "3"}
+    assert choose_threads(node, 1, env, 8) == ThreadChoice(1, "--worker-threads 1")
+    assert choose_threads(node, 0, env, 8) == ThreadChoice(3, "OMP_NUM_THREADS=3")
+    assert choose_threads(node, 0, {}, 8) == ThreadChoice(4, "8 cores on its node for 2 workers")
+    alone = choose_threads(NodeShare(ranks=2, workers=1), 0, {}, 1)
+    assert alone == ThreadChoice(1, "1 cores on its node for 1 worker")
 
 
 NICE = """
