@@ -113,7 +113,7 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class TableConfig:
+class ShardStorageConfig:
     """How each PS shard keeps its rows (PS ranks of the job; external shards must agree), and
     the step rules of the flag-declared table (a job file's tables carry their own:
     ``Config.tables``)."""
@@ -295,7 +295,7 @@ class Config:
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
     client: ClientConfig = ClientConfig()
-    table: TableConfig = TableConfig()
+    storage: ShardStorageConfig = ShardStorageConfig()
     cache: CacheConfig | None = None
     checkpoint: CheckpointConfig = CheckpointConfig()
     output: OutputConfig = OutputConfig()
@@ -315,8 +315,8 @@ class Config:
                     optimizer=self.train.sparse_optimizer,
                     lr=self.train.sparse_lr,
                     init_scale=self.model.init_scale,
-                    admit_after=self.table.admit_after,
-                    expire_after=self.table.expire_after,
+                    admit_after=self.storage.admit_after,
+                    expire_after=self.storage.expire_after,
                     features=self.data.features or CATEGORICAL_FEATURES,
                 ),
             )
@@ -327,12 +327,14 @@ class Config:
         min, max], ...]``), so that a setting read back from a manifest's JSON compares equal
         to the same setting of this Config: what a checkpoint manifest records and compares on
         resume.  The tables are ``tables.fused`` and ``tables.tables`` (a list of
-        ``JobTables.settings`` dicts)."""
+        ``JobTables.settings`` dicts); ``storage`` is recorded under its old section name
+        (``_SETTINGS_SECTION``)."""
         out: dict[str, Any] = {}
         for section in dataclasses.fields(self):
             value = getattr(self, section.name)
+            key = _SETTINGS_SECTION.get(section.name, section.name)
             if value is None:
-                out[section.name] = None
+                out[key] = None
                 continue
             if isinstance(value, JobTables):
                 out["tables.fused"] = value.fused
@@ -340,8 +342,15 @@ class Config:
                 continue
             for f in dataclasses.fields(value):
                 v = getattr(value, f.name)
-                out[f"{section.name}.{f.name}"] = _json_value(v)
+                out[f"{key}.{f.name}"] = _json_value(v)
         return out
+
+
+# Config sections whose settings keys keep an older name.  ``Config.storage`` was
+# ``Config.table``: checkpoint manifests record and compare "table.admit_after" and the rest
+# (checkpoint.coordinator.MUST_MATCH, setting_flags), so the recorded keys stay "table.*" and
+# checkpoints written before and after the rename compare equal on resume.
+_SETTINGS_SECTION = {"storage": "table"}
 
 
 def _json_value(value: object) -> object:

@@ -20,7 +20,7 @@ from cpu_dist.common.config import (
     JobConfig,
     ModelConfig,
     OutputConfig,
-    TableConfig,
+    ShardStorageConfig,
     TrainConfig,
 )
 from cpu_dist.common.data_flags import add_data_flags
@@ -297,7 +297,7 @@ def add_table_flags(
     g.add_argument(
         "--ps-memory-rows",
         type=int,
-        default=TableConfig.memory_rows,
+        default=ShardStorageConfig.memory_rows,
         help="rows each shard keeps in DRAM (0: no bound); beyond it rows go to --ps-ssd-dir",
     )
     g.add_argument(
@@ -308,7 +308,7 @@ def add_table_flags(
     g.add_argument(
         "--ps-admit-after",
         type=int,
-        default=TableConfig.admit_after,
+        default=ShardStorageConfig.admit_after,
         metavar="N",
         help="a key's gradients are applied from the N-th committed step whose batch holds "
         "it (earlier ones dropped; it reads its first-touch row until then; 0: off)",
@@ -316,7 +316,7 @@ def add_table_flags(
     g.add_argument(
         "--ps-expire-after",
         type=int,
-        default=TableConfig.expire_after,
+        default=ShardStorageConfig.expire_after,
         metavar="S",
         help="when step t commits, rows last updated at t-S or earlier are dropped (0: off)",
     )
@@ -328,7 +328,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ps-memory-bytes",
         type=int,
-        default=TableConfig.memory_bytes,
+        default=ShardStorageConfig.memory_bytes,
         metavar="BYTES",
         help="DRAM each PS rank's shard keeps for rows, across all its tables (values, "
         "optimizer state, key and per-row metadata; 0: no bound); beyond it rows go to "

@@ -255,8 +255,8 @@ def facts_of_config(cfg: Config) -> Facts:
     as 0 is) counts as a rule here, as it always has for the choice (it keeps a job off the
     catch-up and the sole writer)."""
     t, tables = cfg.train, cfg.tables.tables
-    expire = bool(cfg.table.expire_after) or any(x.expire_after for x in tables)
-    admit = bool(cfg.table.admit_after) or any(x.admit_after > 1 for x in tables)
+    expire = bool(cfg.storage.expire_after) or any(x.expire_after for x in tables)
+    admit = bool(cfg.storage.admit_after) or any(x.admit_after > 1 for x in tables)
     return Facts(
         read_mode="bagpipe" if cfg.cache is not None else "direct",
         sparse_sync=t.sparse_sync,

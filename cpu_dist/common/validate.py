@@ -18,7 +18,7 @@ from cpu_dist.common.config import (
     JobConfig,
     ModelConfig,
     OutputConfig,
-    TableConfig,
+    ShardStorageConfig,
     TrainConfig,
     model_spec_problem,
 )
@@ -240,7 +240,7 @@ def _client(a: argparse.Namespace) -> ClientConfig:
     )
 
 
-def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
+def _storage(a: argparse.Namespace, tables: JobTables | None) -> ShardStorageConfig:
     for flag, value in (
         ("--ps-memory-rows", a.ps_memory_rows),
         ("--ps-memory-bytes", a.ps_memory_bytes),
@@ -266,7 +266,7 @@ def _table(a: argparse.Namespace, tables: JobTables | None) -> TableConfig:
             "--ps-ssd-dir needs a DRAM budget: --ps-memory-bytes N (or, for one table, "
             "--ps-memory-rows N)"
         )
-    return TableConfig(
+    return ShardStorageConfig(
         a.ps_memory_rows, a.ps_ssd_dir, a.ps_admit_after, a.ps_expire_after, a.ps_memory_bytes
     )
 
@@ -386,7 +386,7 @@ def validate(args: argparse.Namespace, world_size: int) -> Config:
         train=train,
         data=data,
         client=_client(args),
-        table=_table(args, tables),
+        storage=_storage(args, tables),
         cache=_cache(args, job, tables),
         checkpoint=_checkpoint(args),
         output=_output(args),

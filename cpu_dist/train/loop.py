@@ -537,7 +537,7 @@ class Worker:
                 / max(run_s, 1e-9),
                 **result,
             }
-            t = self.cfg.table
+            t = self.cfg.storage
             head.update(
                 metrics.table_figures(
                     self.client.stats(), t.memory_rows > 0, t.admit_after > 1 or t.expire_after > 0

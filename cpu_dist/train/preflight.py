@@ -103,8 +103,8 @@ def _mismatches(cfg: Config, index: int, count: int, health: dict) -> list[str]:
         # the shard keeps its init scale in float32
         "init_scale": float(np.float32(cfg.model.init_scale)),
         # the table's step rules change the model: a shard must apply the job's own
-        "admit_after": cfg.table.admit_after if cfg.table.admit_after > 1 else 0,
-        "expire_after": cfg.table.expire_after,
+        "admit_after": cfg.storage.admit_after if cfg.storage.admit_after > 1 else 0,
+        "expire_after": cfg.storage.expire_after,
     }
     if health.get("admit_after") == 1:  # 0 and 1 both mean "off"
         health = {**health, "admit_after": 0}

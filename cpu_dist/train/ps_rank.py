@@ -19,7 +19,7 @@ def _tables(cfg: Config) -> tuple[int, dict[str, Any]]:
     ever); a job file's tables are given as specs (``tables=``), and the shard holds those."""
     if not cfg.tables.fused:
         return 0, {"tables": cfg.tables.specs(cfg.train.seed)}
-    t = cfg.table
+    t = cfg.storage
     rules = {
         k: v
         for k, v in (
@@ -38,7 +38,7 @@ def _tables(cfg: Config) -> tuple[int, dict[str, Any]]:
 
 def _tiers(cfg: Config) -> dict[str, Any]:
     """The shard's DRAM budget and SSD tier (only when set: a shard's defaults are off)."""
-    t = cfg.table
+    t = cfg.storage
     return {
         k: v
         for k, v in (

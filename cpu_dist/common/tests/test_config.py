@@ -44,6 +44,17 @@ def test_settings_are_flat_json_and_name_their_flags():
     assert setting_flag("train.dense_optimizer") == "--dense-optimizer"
 
 
+def test_shard_storage_settings_keep_the_keys_checkpoints_record():
+    """``Config.storage`` (once ``Config.table``) is recorded as "table.*", the keys that
+    manifests already hold and a resume compares (checkpoint.coordinator.MUST_MATCH)."""
+    cfg = check(["--ps-admit-after", "3", "--ps-expire-after", "5"], 3)
+    assert (cfg.storage.admit_after, cfg.storage.expire_after) == (3, 5)
+    s = cfg.settings()
+    assert (s["table.admit_after"], s["table.expire_after"]) == (3, 5)
+    assert not [k for k in s if k.startswith("storage")]
+    assert setting_flag("table.admit_after") == "--ps-admit-after"
+
+
 def test_original_spellings_are_accepted():
     cfg = check(
         [

@@ -339,7 +339,7 @@ def test_the_job_file_checks_are_one_module_whose_errors_validate_reports_as_the
 def test_multi_table_jobs_refuse_a_row_budget(refused, job):
     assert "--ps-memory-bytes" in refused(two_tables(), "--ps-memory-rows", "100")
     cfg = job(two_tables(), "--ps-memory-bytes", "1000000", "--ps-ssd-dir", "ssd")
-    assert cfg.table.memory_bytes == 1000000 and cfg.table.memory_rows == 0
+    assert cfg.storage.memory_bytes == 1000000 and cfg.storage.memory_rows == 0
     from cpu_dist.common.validate import ConfigError
 
     with pytest.raises(ConfigError, match="--ps-memory-bytes 1000000 needs --ps-ssd-dir"):

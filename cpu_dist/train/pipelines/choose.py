@@ -111,6 +111,6 @@ def make_pipeline(
     if strategy == "async_prefetch":
         # with expiry a commit may drop any row of its table: all count as written
         expiring = [t.name for t in cfg.tables.tables if t.expire_after]
-        unknown = names if cfg.table.expire_after else expiring
+        unknown = names if cfg.storage.expire_after else expiring
         return AsyncPrefetchPipeline(reads, committer, timer, dims, timeout_s, unknown)
     return DirectPipeline(reads, committer, timer, dims)

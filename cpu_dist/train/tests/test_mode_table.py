@@ -15,7 +15,7 @@ from cpu_dist.common.config import (
     ClientConfig,
     Config,
     JobConfig,
-    TableConfig,
+    ShardStorageConfig,
     TrainConfig,
 )
 from cpu_dist.common.tables import CATEGORICAL_FEATURES, JobTables
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.timeout(60)
 def before_the_table(cfg: Config) -> str:
     """``choose.sparse_mode`` as it was written before the table (commit b24a09e), verbatim."""
     t, tables = cfg.train, cfg.tables.tables
-    expiry = bool(cfg.table.expire_after) or any(x.expire_after for x in tables)
-    rules = bool(cfg.table.admit_after) or any(x.has_rules for x in tables)
+    expiry = bool(cfg.storage.expire_after) or any(x.expire_after for x in tables)
+    rules = bool(cfg.storage.admit_after) or any(x.has_rules for x in tables)
     strategy = "direct"
     if cfg.cache is not None:
         strategy = "cache"
@@ -116,8 +116,8 @@ def grid() -> list[Config]:
         if job_file:
             out.append(Config(**common, tables=two_tables(opt, admit, expire)))  # type: ignore[arg-type]
         else:
-            table = TableConfig(admit_after=admit, expire_after=expire)
-            out.append(Config(**common, table=table))  # type: ignore[arg-type]
+            storage = ShardStorageConfig(admit_after=admit, expire_after=expire)
+            out.append(Config(**common, storage=storage))  # type: ignore[arg-type]
     return out
 
 
