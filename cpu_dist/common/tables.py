@@ -51,7 +51,9 @@ OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad")
 POOLINGS = ("sum", "mean")
 DEFAULT_LR = 0.5  # --lr's default, and so --sparse-lr's (cpu_dist/common/config.py)
 DEFAULT_EPS = 1e-8  # Adagrad's
-# The keys of a table spec, the dict every shard compares (csrc/tables.h ``TableSpec``).
+# The keys of a table spec, the dict every shard compares: the proto's TableSpec fields in
+# order, as csrc/table_spec.h's ShardTableSpec and _ps.pyi's TableSpec (the bottom layer
+# reads neither; cpu_dist/sparse/tests/test_spec_keys.py holds the four together).
 SPEC_KEYS = (
     "name",
     "dim",
