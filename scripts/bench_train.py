@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cpu_dist.common.contracts import TABLE  # noqa: E402
-from cpu_dist.common.tables import CATEGORICAL_FEATURES  # noqa: E402
+from cpu_dist.common.features import CATEGORICAL_FEATURES  # noqa: E402
 from cpu_dist.common.validate import mlp_widths  # noqa: E402
 from cpu_dist.data import make_dataset, train_batches  # noqa: E402
 from cpu_dist.embeddings import EmbeddingBagConfig  # noqa: E402

@@ -17,14 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cpu_dist.common.contracts import default_init_scale
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.common.schedule import LrSchedule
-from cpu_dist.common.tables import (
-    CATEGORICAL_FEATURES,
-    DEFAULT_LR,
-    FROM_FLAGS,
-    JobTables,
-    flag_table,
-)
+from cpu_dist.common.tables import DEFAULT_LR, FROM_FLAGS, JobTables, flag_table
 from cpu_dist.common.user_files import is_file_target
 
 # The built-in models' names (``--model``), the first the default: the keys of

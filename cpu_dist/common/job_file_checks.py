@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from cpu_dist.common import modes
 from cpu_dist.common.config import TrainConfig
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.common.job_file import (
     JobFile,
     JobFileError,
@@ -21,7 +22,7 @@ from cpu_dist.common.job_file import (
     job_tables,
     read_job_file,
 )
-from cpu_dist.common.tables import CATEGORICAL_FEATURES, JobTables
+from cpu_dist.common.tables import JobTables
 
 
 def job_file_of(a: argparse.Namespace) -> JobFile | None:

@@ -7,12 +7,12 @@ today's fused keys (``JobTables.fused``): its 26 features do not share rows, and
 (``--config``, :mod:`cpu_dist.common.job_file`) declares any number of named tables, each
 serving one or more features by name; features that share a table share its rows.
 
-The data's features are named as TorchRec names Criteo's: categorical ``cat_0`` ...
-``cat_25``, dense ``int_0`` ... ``int_12`` (:data:`CATEGORICAL_FEATURES`,
-:data:`DENSE_FEATURES`; the data readers take their names from here).
+The data's features and their names (``cat_0`` ... ``cat_25``, the flag-declared table's) are
+:mod:`cpu_dist.common.features`.
 
 This module is the bottom layer (``cpu_dist.common``): it imports nothing of ours but the
-contracts, so the launcher's checks, the shards' start-up and the serving side can all read it.
+contracts and the features' names, so the launcher's checks, the shards' start-up and the
+serving side can all read it.
 """
 
 from __future__ import annotations
@@ -23,28 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpu_dist.common.contracts import TABLE, default_init_scale
-
-NUM_CATEGORICAL = 26  # Criteo's, and the synthetic stream's
-NUM_DENSE = 13
-
-
-def categorical_names(n: int = NUM_CATEGORICAL) -> tuple[str, ...]:
-    """``cat_0`` ... ``cat_{n-1}``: the categorical features' names (TorchRec's)."""
-    return tuple(f"cat_{i}" for i in range(n))
-
-
-def dense_names(n: int = NUM_DENSE) -> tuple[str, ...]:
-    """``int_0`` ... ``int_{n-1}``: the dense features' names (TorchRec's)."""
-    return tuple(f"int_{i}" for i in range(n))
-
-
-CATEGORICAL_FEATURES = categorical_names()
-DENSE_FEATURES = dense_names()
-# Synthetic data's features of other names (cpu_dist/data/synthetic.py): the cardinality of
-# one that neither [data] cardinalities nor its table's num_embeddings gives, and the largest
-# (its Zipf CDF is 8 bytes a rank: 2**24, 128 MiB).
-NAMED_CARDINALITY = 100_000
-MAX_NAMED_CARDINALITY = 2**24
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 
 # The table optimizers a shard knows (csrc/optimizer.h); the first is the default.
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad")

@@ -27,6 +27,7 @@ from cpu_dist.common.contracts import default_init_scale
 from cpu_dist.common.data_checks import parquet_columns, parquet_schema
 from cpu_dist.common.dense_optimizer import FLAGS as DENSE_SETTING_FLAGS
 from cpu_dist.common.dense_optimizer import dense_optimizer_args
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.first_rank import launch_rank
 from cpu_dist.common.flag_warnings import ineffective_flags
@@ -38,7 +39,7 @@ from cpu_dist.common.job_file_checks import (
 )
 from cpu_dist.common.metric_spec import metric_spec_problem
 from cpu_dist.common.output_checks import check_outputs
-from cpu_dist.common.tables import CATEGORICAL_FEATURES, FROM_FLAGS, JobTables
+from cpu_dist.common.tables import FROM_FLAGS, JobTables
 from cpu_dist.common.validate_data import data_config
 
 
@@ -272,7 +273,9 @@ def _storage(a: argparse.Namespace, tables: JobTables | None) -> ShardStorageCon
 
 
 def _cache(a: argparse.Namespace, job: JobConfig, tables: JobTables | None) -> CacheConfig | None:
-    """The cache stage reproduces the PS's SGD on cached rows: only what it can mirror."""
+    """The cache stage reproduces the PS's SGD on cached rows: only what it can mirror.  Its
+    limits are checked here, not in ``gpu_cache``: the launcher validates before MPI starts,
+    and the bottom layer may not import the cache stage (tests/test_layers.py)."""
     if a.read_mode != "bagpipe":
         if a.optimization_prescan:
             raise ConfigError("--optimization-prescan needs --read-mode bagpipe")

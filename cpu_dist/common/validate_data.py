@@ -11,14 +11,10 @@ from collections.abc import Sequence
 from cpu_dist.common.config import DataConfig
 from cpu_dist.common.config_errors import ConfigError, as_config_error
 from cpu_dist.common.data_checks import multi_hot_sizes, parquet_columns, parquet_schema
+from cpu_dist.common.features import CATEGORICAL_FEATURES, MAX_NAMED_CARDINALITY, NAMED_CARDINALITY
 from cpu_dist.common.job_file_checks import job_file_bags, job_file_of
 from cpu_dist.common.parquet_schema import ParquetColumns
-from cpu_dist.common.tables import (
-    CATEGORICAL_FEATURES,
-    MAX_NAMED_CARDINALITY,
-    NAMED_CARDINALITY,
-    JobTables,
-)
+from cpu_dist.common.tables import JobTables
 
 
 def _hash_sizes(a: argparse.Namespace) -> tuple[int, ...] | None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 from cpu_dist.common.config import DATA_KINDS, DataConfig
-from cpu_dist.common.tables import categorical_names, dense_names
+from cpu_dist.common.features import categorical_names, dense_names
 from cpu_dist.data.batch import Batch
 from cpu_dist.data.criteo import CriteoTSV
 from cpu_dist.data.criteo_bin import CriteoBinary

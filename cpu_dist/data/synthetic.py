@@ -54,7 +54,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from cpu_dist.common.contracts import mix64
-from cpu_dist.common.tables import MAX_NAMED_CARDINALITY, NAMED_CARDINALITY, categorical_names
+from cpu_dist.common.features import MAX_NAMED_CARDINALITY, NAMED_CARDINALITY, categorical_names
 from cpu_dist.data.batch import Bags, Batch
 from cpu_dist.data.keys import fuse_synthetic, synthetic_offsets
 

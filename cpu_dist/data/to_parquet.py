@@ -31,7 +31,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from cpu_dist.common.data_flags import add_data_flags
-from cpu_dist.common.tables import categorical_names, dense_names
+from cpu_dist.common.features import categorical_names, dense_names
 from cpu_dist.data.file_dataset import FileDataset
 from cpu_dist.data.keys import CRITEO_VALUE_MASK, fuse_criteo_columns
 

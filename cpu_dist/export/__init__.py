@@ -32,7 +32,7 @@ from cpu_dist.checkpoint.manifest import (
     shard_load_paths,
     steps_done,
 )
-from cpu_dist.common.tables import CATEGORICAL_FEATURES
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.embeddings import collections_of
 from cpu_dist.export.client_rows import PAGE_BYTES, table_rows_on_shards, write_bundle
 from cpu_dist.export.job import export_job

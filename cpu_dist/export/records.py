@@ -12,7 +12,7 @@ from torch import nn
 
 from cpu_dist.checkpoint.coordinator import SOURCE_SHA256_KEY  # (older checkpoints lack it)
 from cpu_dist.common.config import Config, DataConfig, ModelConfig
-from cpu_dist.common.tables import CATEGORICAL_FEATURES, NUM_DENSE
+from cpu_dist.common.features import CATEGORICAL_FEATURES, NUM_DENSE
 from cpu_dist.embeddings import EmbeddingBagConfig, collections_of
 from cpu_dist.serving.bundle import DataSpec
 from cpu_dist.serving.errors import BundleError

@@ -47,8 +47,8 @@ from cpu_dist.common.bundle_link import (
     new_version,
     publish,
 )
+from cpu_dist.common.features import categorical_names
 from cpu_dist.common.files import EXPORT_FORMAT, atomic_write, file_crc32, is_export_bundle
-from cpu_dist.common.tables import categorical_names
 from cpu_dist.serving.errors import BundleError
 from cpu_dist.serving.model_record import (
     MODEL_DIR,

@@ -22,10 +22,10 @@ from typing import Any
 from cpu_dist.common.config import DataConfig
 from cpu_dist.common.config_errors import ConfigError
 from cpu_dist.common.data_checks import parquet_columns, parquet_schema
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.common.job_data import DATA_FLAG_KEYS
 from cpu_dist.common.job_file import JobFile, read_job_file
 from cpu_dist.common.parquet_schema import ParquetColumns
-from cpu_dist.common.tables import CATEGORICAL_FEATURES
 from cpu_dist.common.validate_data import data_config
 from cpu_dist.data import eval_batches
 from cpu_dist.data.batch import Batch

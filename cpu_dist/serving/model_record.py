@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cpu_dist.common.contracts import TABLE
-from cpu_dist.common.tables import DEFAULT_EPS, DEFAULT_LR, categorical_names
+from cpu_dist.common.features import categorical_names
+from cpu_dist.common.tables import DEFAULT_EPS, DEFAULT_LR
 from cpu_dist.embeddings import EmbeddingBagConfig
 from cpu_dist.models.factory import ModelError, parse_model_spec, source_sha256
 from cpu_dist.serving.errors import BundleError

@@ -96,7 +96,7 @@ def test_ps_ranks_listen_on_the_given_addresses(tmp_path):
 def test_ps_ranks_create_the_tables_of_the_example_job_file(tmp_path):
     """The 26-table Criteo example trains with PS ranks; every table is on the shards with its
     width, and the summary's tables object adds up to the shards' total rows."""
-    from cpu_dist.common.tables import CATEGORICAL_FEATURES
+    from cpu_dist.common.features import CATEGORICAL_FEATURES
     from cpu_dist.train.metrics import read_summary
 
     from .launch import ROOT, with_flags

@@ -126,7 +126,8 @@ def test_a_job_table_named_as_the_shard_s_own_with_another_spec_is_refused(token
 def test_shards_keep_an_identical_table_and_refuse_another_spec_naming_table_and_field(
     token, tmp_path
 ):
-    from cpu_dist.common.tables import CATEGORICAL_FEATURES, TableConfig
+    from cpu_dist.common.features import CATEGORICAL_FEATURES
+    from cpu_dist.common.tables import TableConfig
     from cpu_dist.common.tokens import read_token_file
     from cpu_dist.sparse import Client
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cpu_dist.common.contracts import default_init_scale, table_salt
+from cpu_dist.common.features import CATEGORICAL_FEATURES, DENSE_FEATURES
 from cpu_dist.common.flags import parse_args
-from cpu_dist.common.tables import CATEGORICAL_FEATURES, DENSE_FEATURES, JobTables, TableConfig
+from cpu_dist.common.tables import JobTables, TableConfig
 from cpu_dist.common.validate import validate
 
 pytestmark = pytest.mark.timeout(30)

@@ -57,7 +57,7 @@ def test_eval_batches_are_repeatable():
 
 
 def test_features_are_named_as_torchrec_names_criteo_s_for_every_kind():
-    from cpu_dist.common.tables import CATEGORICAL_FEATURES, DENSE_FEATURES
+    from cpu_dist.common.features import CATEGORICAL_FEATURES, DENSE_FEATURES
     from cpu_dist.data.factory import feature_names, make_dataset
 
     assert feature_names(make_dataset("synthetic")) == (DENSE_FEATURES, CATEGORICAL_FEATURES)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from cpu_dist.common.config import Config
+from cpu_dist.common.features import categorical_names
 from cpu_dist.common.flags import parse_args
-from cpu_dist.common.tables import categorical_names
 from cpu_dist.common.validate import validate
 from cpu_dist.data import Batch, SyntheticCriteo, fuse_criteo_columns
 from cpu_dist.data.batch import Bags

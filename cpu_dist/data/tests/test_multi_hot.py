@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cpu_dist.common.data_checks import MLPERF_SIZES, parse_sizes
+from cpu_dist.common.features import categorical_names
 from cpu_dist.common.flags import parse_args
-from cpu_dist.common.tables import categorical_names
 from cpu_dist.common.validate import ConfigError, validate
 from cpu_dist.data import make_dataset
 from cpu_dist.data.multi_hot import MultiHot

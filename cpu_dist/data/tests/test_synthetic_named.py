@@ -10,8 +10,8 @@ import hashlib
 import numpy as np
 import pytest
 
+from cpu_dist.common.features import categorical_names
 from cpu_dist.common.flags import parse_args
-from cpu_dist.common.tables import categorical_names
 from cpu_dist.common.validate import ConfigError, validate
 from cpu_dist.data import SyntheticCriteo
 from cpu_dist.data.factory import dataset_for

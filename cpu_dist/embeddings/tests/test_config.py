@@ -10,14 +10,9 @@ import math
 import pytest
 
 from cpu_dist.common.contracts import default_init_scale
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.common.job_file import TABLE_KEYS, TableDefaults, job_tables, read_job_file
-from cpu_dist.common.tables import (
-    CATEGORICAL_FEATURES,
-    DEFAULT_EPS,
-    DEFAULT_LR,
-    OPTIMIZERS,
-    TableConfig,
-)
+from cpu_dist.common.tables import DEFAULT_EPS, DEFAULT_LR, OPTIMIZERS, TableConfig
 from cpu_dist.embeddings import DataType, EmbeddingBagConfig, PoolingType
 from cpu_dist.embeddings.config import configs_of, job_tables_of
 

@@ -16,9 +16,9 @@ import torch
 
 from cpu_dist.common.config import Config
 from cpu_dist.common.contracts import TABLE, row_init
+from cpu_dist.common.features import categorical_names
 from cpu_dist.common.flags import parse_args
 from cpu_dist.common.metrics_log import read_log, read_records
-from cpu_dist.common.tables import categorical_names
 from cpu_dist.common.validate import validate
 from cpu_dist.data import Batch, SyntheticCriteo
 from cpu_dist.data.batch import Bags

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from cpu_dist.common.config import DataConfig
-from cpu_dist.common.tables import JobTables, TableConfig, categorical_names, flag_table
+from cpu_dist.common.features import categorical_names
+from cpu_dist.common.tables import JobTables, TableConfig, flag_table
 from cpu_dist.data import dataset_for, eval_batches
 from cpu_dist.data.features import BatchFeatures
 from cpu_dist.embeddings import configs_of

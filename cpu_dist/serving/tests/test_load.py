@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cpu_dist.common.contracts import TABLE
-from cpu_dist.common.tables import CATEGORICAL_FEATURES
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.embeddings import EmbeddingBagConfig, KeyedJaggedTensor, sparse_step
 from cpu_dist.models.factory import build_model
 from cpu_dist.serving import load

@@ -18,7 +18,8 @@ from cpu_dist.common.config import (
     ShardStorageConfig,
     TrainConfig,
 )
-from cpu_dist.common.tables import CATEGORICAL_FEATURES, JobTables
+from cpu_dist.common.features import CATEGORICAL_FEATURES
+from cpu_dist.common.tables import JobTables
 from cpu_dist.common.tables import TableConfig as EmbeddingTable
 from cpu_dist.train.pipelines import sparse_mode
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from cpu_dist.common.features import CATEGORICAL_FEATURES
 from cpu_dist.common.flags import parse_args
-from cpu_dist.common.tables import CATEGORICAL_FEATURES
 from cpu_dist.common.timing import PhaseTimer
 from cpu_dist.common.validate import validate
 from cpu_dist.sparse import Server
