@@ -352,8 +352,8 @@ class Worker:
             if not self.pipeline.prefetch_early and step + 1 < cfg.train.max_step:
                 ahead = self._ahead(step)  # the pipeline may start reading step + 1
             self._dense_step(step)
-            if (note := self.threads.after_step(step)) is not None and self.chief:
-                print(f"cpu_dist: note: {note}", flush=True)
+            if (slow := self.threads.after_step(step)) is not None and self.chief:
+                print(f"cpu_dist: note: {slow}", flush=True)
             window.samples += cfg.train.batch_size
             window.add_loss(loss.item())
             if self.train_scores is not None and self._logits is not None:
