@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -301,6 +302,11 @@ class Checkpointer:
                     raise StopRequested(point)
             yield batch
 
+    def kept_alive(self, what: str) -> AbstractContextManager[None]:
+        """The owner record's heartbeat renewed while ``what`` runs (``Owner.kept_alive``);
+        nothing where no directory is held (no --checkpoint-dir, or not worker 0)."""
+        return self.owner.kept_alive(what) if self.owner is not None else nullcontext()
+
     def _owed_at(self, step: int) -> list[str]:
         return list(self.outputs) if steps_done(step) >= self.cfg.train.max_step else []
 
@@ -332,7 +338,8 @@ class Checkpointer:
         work = self.root / temp_dir_name(name, self.run_id)
         work.mkdir()
         try:
-            m = self._fill(work, step, optimizer_state, owed)
+            with self.kept_alive(f"checkpoint {name}"):
+                m = self._fill(work, step, optimizer_state, owed)
             publish(work, self.root / name)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)

@@ -24,8 +24,10 @@ import json
 import os
 import secrets
 import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -261,6 +263,7 @@ class Owner:
     def __init__(self, root: Path, record: OwnerRecord, flag: str) -> None:
         self.root, self.record, self.flag = root, record, flag
         self._renewed = time.monotonic()
+        self._lock = threading.Lock()  # renew() from kept_alive's thread and the caller's
 
     @property
     def run_id(self) -> str:
@@ -284,10 +287,42 @@ class Owner:
 
     def renew(self, what: str = "the heartbeat") -> None:
         """A new heartbeat, once the record is found to be still this run's."""
-        self.check(what)
-        record = replace(self.record, heartbeat=time.time())
-        atomic_write(self.root / OWNER, lambda f: f.write(record.to_bytes()))
-        self.record, self._renewed = record, time.monotonic()
+        with self._lock:
+            self.check(what)
+            record = replace(self.record, heartbeat=time.time())
+            atomic_write(self.root / OWNER, lambda f: f.write(record.to_bytes()))
+            self.record, self._renewed = record, time.monotonic()
+
+    @contextmanager
+    def kept_alive(self, what: str) -> Iterator[None]:
+        """The heartbeat renewed every ``RENEW_S`` on a thread of its own while ``what`` (a
+        shard save, a dump, an export: one call that may outlast the lease) keeps worker 0
+        from its loop, so that a run on another host never takes the directory of a holder
+        that is only busy.  A record found no longer this run's stops the renewals and is
+        raised once ``what`` ends (OwnerError); a failed write is tried again at the next
+        beat.  The thread is a daemon and is joined on the way out."""
+        stop = threading.Event()
+        lost: list[OwnerError] = []
+
+        def beat() -> None:
+            while not stop.wait(RENEW_S):
+                try:
+                    self.renew(what)
+                except OwnerError as exc:
+                    lost.append(exc)
+                    return
+                except OSError:
+                    continue
+
+        thread = threading.Thread(target=beat, name="owner-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=RENEW_S)
+        if lost:
+            raise lost[0]
 
     def renew_if_due(self) -> None:
         if time.monotonic() - self._renewed >= RENEW_S:

@@ -524,9 +524,11 @@ class Worker:
             assert everyone is not None and traffic is not None
             if "dump_state" in left:
                 assert self.cfg.output.dump_state is not None
-                write_dump(self.cfg.output.dump_state, self._dump_arrays())
+                with ck.kept_alive("--dump-state"):
+                    write_dump(self.cfg.output.dump_state, self._dump_arrays())
             if "export" in left:
-                self._export(steps)
+                with ck.kept_alive("--export"):
+                    self._export(steps)
             head: dict[str, Any] = {
                 "steps": steps,
                 "workers": self.world,

@@ -9,11 +9,13 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import replace
 
 import pytest
 
+from cpu_dist.checkpoint import owner as owner_module
 from cpu_dist.checkpoint.owner import (
     LEASE_S,
     OWNER,
@@ -164,3 +166,31 @@ def test_a_run_that_lost_the_directory_stops_and_leaves_the_new_record(tmp_path)
     (d / OWNER).unlink()
     with pytest.raises(OwnerError, match=r"OWNER\.json was removed"):
         owner.check("pruning")
+
+
+def _heartbeat_threads() -> int:
+    return sum(t.name == "owner-heartbeat" for t in threading.enumerate())
+
+
+def test_a_long_operation_keeps_the_heartbeat_and_hears_of_a_lost_record(tmp_path, monkeypatch):
+    """A shard save, dump or export that outlasts the lease: its heartbeat is renewed on a
+    thread of its own meanwhile (before, a run on another host could take the directory of a
+    holder that was only busy), and a record another run took is raised when it ends."""
+    monkeypatch.setattr(owner_module, "RENEW_S", 0.02)
+    d = tmp_path / "ck"
+    owner = claim(d, "r1", resume=False, environ={})
+    first = holder(d).heartbeat
+    with owner.kept_alive("a long save"):
+        deadline = time.monotonic() + 20
+        while holder(d).heartbeat == first:  # renewed while the operation runs
+            assert time.monotonic() < deadline, "the heartbeat was not renewed"
+            time.sleep(0.01)
+    assert _heartbeat_threads() == 0  # joined on the way out
+    with pytest.raises(OwnerError, match=r"now held by run theirs .*a long export not written"):
+        with owner.kept_alive("a long export"):
+            forge(d, host="elsewhere")  # another run took it meanwhile
+            deadline = time.monotonic() + 20
+            while _heartbeat_threads():  # the thread stops at its next beat
+                assert time.monotonic() < deadline, "the lost record went unnoticed"
+                time.sleep(0.01)
+    assert holder(d).run_id == "theirs"  # left as the other run wrote it
