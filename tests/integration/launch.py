@@ -232,8 +232,7 @@ def train(
                 Path(shutil.copyfile(out, keep / "dump.npz")),
                 Path(shutil.copyfile(metrics, keep / "metrics.jsonl")),
             )
-    with np.load(out) as z:
-        return {k: z[k] for k in z.files}
+    return load_dump(out)
 
 
 def cli_reference(args: Sequence[str], out: Path) -> dict:
@@ -246,14 +245,54 @@ def cli_reference(args: Sequence[str], out: Path) -> dict:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    with np.load(out) as arrays:
-        return dict(arrays)
+    return load_dump(out)
 
 
-def assert_dumps_close(got: dict, want: dict, rtol: float, what: str) -> None:
-    """Every entry of two ``--dump-state`` dicts: the same tables' keys, values to ``rtol``."""
+def load_dump(path: Path) -> dict[str, np.ndarray]:
+    """A ``--dump-state`` file as a dict of its arrays (the file closed again)."""
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def assert_dumps_close(
+    got: Mapping[str, np.ndarray],
+    want: Mapping[str, np.ndarray],
+    rtol: float,
+    what: str = "",
+    *,
+    atol: float = 1e-6,
+) -> None:
+    """Every entry of two ``--dump-state`` dicts: the same entries, every table's keys equal,
+    every array to ``rtol``/``atol``.  The suite's one tolerant comparison of two dumps, so
+    that no test compares a part of them by accident (say one table's keys of several)."""
+    _same_entries_and_keys(got, want, what)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=atol, err_msg=f"{what}: {k}")
+
+
+def assert_dumps_equal(
+    got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], what: str = ""
+) -> None:
+    """Two ``--dump-state`` dicts bit for bit: the same entries, each with the same dtype,
+    shape and bytes.  Bytes, not values: ``-0.0 == 0.0`` as values, and a run said to give
+    the same bits must give them."""
+    _same_entries_and_keys(got, want, what)
+    for k in want:
+        a, b = got[k], want[k]
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), (
+            f"{what}: {k}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        )
+        if a.tobytes() != b.tobytes():
+            np.testing.assert_array_equal(a, b, err_msg=f"{what}: {k}")  # says where they differ
+            raise AssertionError(f"{what}: {k}: equal values, different bits (signed zero or NaN)")
+
+
+def _same_entries_and_keys(
+    got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], what: str
+) -> None:
+    """The same entries, and every table's keys equal: a row's values compared under another
+    row's id would say nothing."""
     assert set(got) == set(want), f"{what}: different entries: {set(got) ^ set(want)}"
+    assert want, f"{what}: the dumps hold no arrays"
     for name, (keys, _) in table_rows(want).items():
         np.testing.assert_array_equal(table_rows(got)[name][0], keys, err_msg=f"{what}: {name}")
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=f"{what}: {k}")

@@ -16,8 +16,8 @@ import pytest
 
 from cpu_dist.common.metrics_log import read_records
 
-from .launch import train
-from .test_equivalence import assert_same_model, reference
+from .launch import assert_dumps_close, assert_dumps_equal, train
+from .test_equivalence import reference
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -73,7 +73,7 @@ def test_cached_equals_reference(runs, workers, aggregation, prescan):
     tmp, cache = runs
     name = f"w{workers}-{aggregation}-{'prescan' if prescan else 'online'}"
     got, steps, summary = _cached(tmp, name, workers, aggregation, prescan)
-    assert_same_model(got, cache["ref"], rtol=1e-5)
+    assert_dumps_close(got, cache["ref"], 1e-5, name)
     cache[(workers, aggregation, prescan)] = got
     # The cache was under pressure in every logged window of 5 steps, and still hit.
     prev = {"cache_evictions": 0, "cache_invalidations": 0}
@@ -93,14 +93,6 @@ def test_cached_equals_reference(runs, workers, aggregation, prescan):
         assert summary["cache_dependency_waits"] == 0, summary
 
 
-def assert_same_bits(got: dict, want: dict) -> None:
-    """Every array of the two --dump-state files equal: dtype, shape and every bit."""
-    assert set(got) == set(want), f"different entries: {set(got) ^ set(want)}"
-    for k in want:
-        assert (got[k].dtype, got[k].shape) == (want[k].dtype, want[k].shape), k
-        assert got[k].tobytes() == want[k].tobytes(), f"{k}: the cached run's bits differ"
-
-
 @pytest.mark.parametrize("aggregation", ["ps", "collective"])
 def test_cached_equals_uncached_bit_for_bit(runs, aggregation):
     tmp, cache = runs
@@ -110,7 +102,7 @@ def test_cached_equals_uncached_bit_for_bit(runs, aggregation):
             cache.get((2, aggregation, prescan))
             or _cached(tmp, f"again-{aggregation}-{prescan}", 2, aggregation, prescan)[0]
         )
-        assert_same_bits(got, plain)
+        assert_dumps_equal(got, plain, f"cached W=2 {aggregation} prescan={prescan} vs uncached")
 
 
 def test_seed_example_line_trains(runs):
@@ -134,4 +126,4 @@ def test_seed_example_line_trains(runs):
         ],
         env=VERIFY,
     )
-    assert_same_model(got, cache["ref"], rtol=1e-5)
+    assert_dumps_close(got, cache["ref"], 1e-5, "the seed's example line")

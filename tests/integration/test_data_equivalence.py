@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cpu_dist.data import make_dataset
@@ -14,7 +13,7 @@ from cpu_dist.data.convert import convert
 from cpu_dist.data.generate import write_days, write_file
 from cpu_dist.train.metrics import read_summary
 
-from .launch import small_reference, train
+from .launch import assert_dumps_close, assert_dumps_equal, small_reference, train
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -24,19 +23,6 @@ HASHING = ["--max-ind-range", "50000"]
 
 def reference(dataset, steps: int, batch_size: int = 96) -> dict:
     return small_reference(dataset, steps, batch_size)
-
-
-def assert_close(got: dict, want: dict, rtol: float) -> None:
-    assert set(got) == set(want)
-    np.testing.assert_array_equal(got["table/embedding/keys"], want["table/embedding/keys"])
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-6, err_msg=k)
-
-
-def assert_same_bits(a: dict, b: dict) -> None:
-    assert set(a) == set(b)
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +48,9 @@ def test_converted_equals_tsv_bit_for_bit_and_the_reference(data):
     assert len(binary["table/embedding/keys"]) > 1000
     keys = binary["table/embedding/keys"]
     assert (keys & 0xFFFFFFFF).max() < 50000  # --max-ind-range folded them
-    assert_same_bits(tsv, binary)
+    assert_dumps_equal(tsv, binary, "TSV vs converted")
     ds = make_dataset("criteo-bin", path=out, max_ind_range=50000, shuffle=True)
-    assert_close(binary, reference(ds, 20), rtol=1e-5)
+    assert_dumps_close(binary, reference(ds, 20), 1e-5, "converted vs the reference")
 
 
 def test_one_worker_equals_two(data):
@@ -72,7 +58,7 @@ def test_one_worker_equals_two(data):
     flags = ["--data", "criteo-bin", "--data-path", str(out), *HASHING]
     one = train(tmp, "w1", 1, 1, flags)
     two = train(tmp, "w2", 2, 2, flags)
-    assert_close(two, one, rtol=1e-5)
+    assert_dumps_close(two, one, 1e-5, "W=2 P=2 vs W=1 P=1")
 
 
 def test_training_stops_after_the_epochs(tmp_path):
@@ -85,7 +71,7 @@ def test_training_stops_after_the_epochs(tmp_path):
     got = train(tmp_path, "epochs", 2, 1, [*flags, "--metrics-out", str(metrics)])
     assert read_summary(metrics)["steps"] == 22
     ds = make_dataset("criteo-bin", path=tmp_path / "bin", epochs=2, shuffle=True)
-    assert_close(got, reference(ds, 1000, batch_size=16), rtol=1e-5)
+    assert_dumps_close(got, reference(ds, 1000, batch_size=16), 1e-5, "two epochs")
 
 
 def test_day_files_train_on_all_days_but_the_last(tmp_path):
@@ -98,4 +84,4 @@ def test_day_files_train_on_all_days_but_the_last(tmp_path):
     assert ds.num_steps(96) == 16  # 1600 rows of day_0 and day_1
     # --max_step 20 alone trains 20 steps, into the second pass over the training days
     endless = make_dataset("criteo-bin", path=tmp_path / "bin", epochs=None)
-    assert_close(got, reference(endless, 20), rtol=1e-5)
+    assert_dumps_close(got, reference(endless, 20), 1e-5, "day files")

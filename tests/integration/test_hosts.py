@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cpu_dist.common.launch_env import mpi_env
@@ -18,7 +17,7 @@ from cpu_dist.common.tokens import write_token_file
 from cpu_dist.testing.netlab import NetLab, mpi_env_for, unavailable
 from cpu_dist.testing.shards import standalone_shards
 
-from .launch import ROOT, SMALL, mpirun
+from .launch import ROOT, SMALL, assert_dumps_equal, load_dump, mpirun
 
 REASON = unavailable()
 pytestmark = [
@@ -27,17 +26,6 @@ pytestmark = [
     pytest.mark.skipif(REASON is not None, reason=f"no network lab here: {REASON}"),
 ]
 LAUNCHER = str(ROOT / "launcher.py")
-
-
-def dump(path: Path) -> dict:
-    with np.load(path) as z:
-        return {k: z[k] for k in z.files}
-
-
-def assert_same_bits(a: dict, b: dict) -> None:
-    assert set(a) == set(b)
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def job_args(out: Path, *extra: str) -> list[str]:
@@ -67,7 +55,7 @@ def test_standalone_shards_on_other_hosts_train_to_the_same_bits(tmp_path):
             2, ["--worker-num", "2", "--ps_list", ",".join(addrs), *ext, *job_args(local)]
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_bits(dump(remote), dump(local))
+    assert_dumps_equal(load_dump(remote), load_dump(local), "external shards on other hosts")
 
 
 def test_ps_ranks_of_one_job_on_another_host(tmp_path):
@@ -95,7 +83,7 @@ def test_ps_ranks_of_one_job_on_another_host(tmp_path):
         assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     proc = mpirun(3, ["--worker-num", "2", *job_args(local)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_bits(dump(remote), dump(local))
+    assert_dumps_equal(load_dump(remote), load_dump(local), "a PS rank on another host")
 
 
 def test_the_seed_wildcard_ps_list_end_to_end(tmp_path):
@@ -110,4 +98,4 @@ def test_the_seed_wildcard_ps_list_end_to_end(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
     proc = mpirun(4, ["--worker-num", "2", *job_args(plain)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_bits(dump(wild), dump(plain))
+    assert_dumps_equal(load_dump(wild), load_dump(plain), "--ps_list 0.0.0.0:8000,...")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from .job_files import three_tables
-from .launch import assert_dumps_close, cli_reference, train
+from .launch import assert_dumps_close, assert_dumps_equal, cli_reference, train
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -69,6 +69,4 @@ def test_a_resumed_job_continues_the_schedule(tmp_path):
     first = [*args, "--max_step", "5", "--checkpoint-dir", str(d), "--checkpoint-every", "5"]
     train(tmp_path, "first", 2, 1, first)
     got = train(tmp_path, "resumed", 2, 1, [*args, "--resume", "--checkpoint-dir", str(d)])
-    assert set(got) == set(whole)
-    for k in whole:
-        np.testing.assert_array_equal(got[k], whole[k], err_msg=k)
+    assert_dumps_equal(got, whole, "scheduled, resumed")

@@ -18,7 +18,7 @@ from cpu_dist.checkpoint.manifest import step_dir_name, steps_done
 from cpu_dist.common.mpi_context import EXIT_STOPPED
 
 from .jobctl import Job
-from .launch import SMALL, mpirun, train
+from .launch import SMALL, assert_dumps_equal, load_dump, mpirun, train
 
 pytestmark = pytest.mark.timeout(500)
 OPT = ["--dense-optimizer", "adamw", "--sparse-optimizer", "rowwise_adagrad"]
@@ -71,9 +71,7 @@ def test_sigterm_to_the_ranks_checkpoints_stops_and_resumes_to_the_same_bits(tmp
     end = last + 1 + 6
     want = train(tmp_path, "whole", 2, 1, [*OPT, "--max_step", str(end)])
     got = train(tmp_path, "resumed", 2, 1, [*OPT, "--max_step", str(end), "--resume", *ckpt(d)])
-    assert set(got) == set(want)
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert_dumps_equal(got, want, "stopped and resumed")
 
 
 @pytest.mark.parametrize("how", ["mpirun", "ps"])
@@ -211,10 +209,7 @@ def test_a_stop_during_the_final_evaluation_exits_75_and_the_resume_makes_what_i
     assert find_latest(d).owed == []
     assert (bundle / "manifest.json").exists()
     whole = train(tmp_path, "whole", 1, 1, ["--metrics-out", str(tmp_path / "whole.jsonl")])
-    with np.load(dump) as z:
-        assert set(z.files) == set(whole)
-        for k in whole:
-            np.testing.assert_array_equal(z[k], whole[k], err_msg=k)
+    assert_dumps_equal(load_dump(dump), whole, "the owed dump, made on resume")
 
     def finals(path: Path) -> dict:
         return {

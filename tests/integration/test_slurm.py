@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from .launch import assert_dumps_equal, load_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "scripts" / "slurm" / "cluster.sh"
@@ -315,17 +316,6 @@ def test_test_script_runs_pytest_mpi_under_srun(cluster, workdir):
 # --- the real training job ---------------------------------------------------------------
 
 
-def _assert_same_state(a: Path, b: Path) -> None:
-    """Bit-for-bit equality of two --dump-state files: same arrays, dtypes, shapes, bytes."""
-    with np.load(a) as x, np.load(b) as y:
-        assert sorted(x.files) == sorted(y.files)
-        assert x.files, f"{a} holds no arrays"
-        for name in x.files:
-            u, v = x[name], y[name]
-            assert (u.dtype, u.shape) == (v.dtype, v.shape), name
-            assert u.tobytes() == v.tobytes(), f"{name} differs between {a} and {b}"
-
-
 def _mpirun(np_: int, args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     env = _clean_env()
     for name in ("OMPI_MCA_oob_tcp_if_include", "OMPI_MCA_btl_tcp_if_include"):
@@ -357,7 +347,8 @@ def test_sbatch_training_equals_mpirun_bit_for_bit(cluster, workdir):
         TRAIN_TIMEOUT_S,
     )
     assert rc == 0, out + cluster.daemon_logs()
-    _assert_same_state(workdir / "mpirun.npz", workdir / "slurm.npz")
+    slurm, ref = load_dump(workdir / "slurm.npz"), load_dump(workdir / "mpirun.npz")
+    assert_dumps_equal(slurm, ref, "sbatch vs mpirun")
 
 
 @pytest.mark.timeout(SMALL_JOB_TIMEOUT_S + 60)

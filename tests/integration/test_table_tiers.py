@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cpu_dist.common.contracts import TABLE
@@ -31,8 +30,7 @@ from cpu_dist.testing.shards import standalone_shards
 from cpu_dist.train.dump import table_keys_name
 
 from .job_files import three_tables
-from .launch import SMALL, mpirun, reference_config, train
-from .test_equivalence import assert_same_model
+from .launch import SMALL, assert_dumps_close, assert_dumps_equal, mpirun, reference_config, train
 
 pytestmark = pytest.mark.timeout(300)
 W, P = 2, 2  # workers, shards
@@ -55,12 +53,6 @@ def job(
     metrics = tmp / f"{name}.jsonl"
     got = train(tmp, name, workers, shards, [*extra, "--metrics-out", str(metrics)])
     return got, summary_of(metrics)
-
-
-def assert_bits_equal(got: dict, want: dict) -> None:
-    assert set(got) == set(want), set(got) ^ set(want)
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +78,7 @@ def test_a_small_dram_tier_with_an_ssd_tier_gives_the_bits_of_the_all_dram_job(
     ssd = tmp_path / "ssd"
     tier = ["--ps-memory-rows", str(MEMORY_ROWS), "--ps-ssd-dir", str(ssd)]
     tiered, s = job(tmp, f"tiered-{optimizer}", [*opt, *tier])
-    assert_bits_equal(tiered, dram)
+    assert_dumps_equal(tiered, dram, f"{optimizer}: SSD tier vs all-DRAM")
     # The tier was used: the rows did not fit in DRAM, went to SSD and were read back.
     rows = len(dram[KEYS])
     assert s["ps_rows"] == dram_summary["ps_rows"] == rows
@@ -112,7 +104,7 @@ def test_a_tiny_byte_budget_over_three_tables_gives_the_bits_of_the_all_dram_job
     ssd = tmp_path / "ssd"
     tier = ["--ps-memory-bytes", str(MEMORY_BYTES), "--ps-ssd-dir", str(ssd)]
     tiered, s = job(tmp, "tables-tiered", [*flags, *tier])
-    assert_bits_equal(tiered, dram)
+    assert_dumps_equal(tiered, dram, "tables: SSD tier vs all-DRAM")
     for name, t in s["tables"].items():  # every table went to SSD and came back
         rows = len(dram[table_keys_name(name)])
         assert t["rows"] == dram_summary["tables"][name]["rows"] == rows, name
@@ -160,7 +152,7 @@ def rules_job(runs, optimizer: str, admit: int, expire: int) -> tuple[dict, dict
 def test_admission_and_expiry_equal_the_reference(runs, optimizer, admit, expire):
     want, table = rules_reference(optimizer, admit, expire)
     got, s = rules_job(runs, optimizer, admit, expire)
-    assert_same_model(got, want, rtol=1e-5)
+    assert_dumps_close(got, want, 1e-5, f"{optimizer} admit {admit} expire {expire}")
     # The rules did something: rows were dropped, or ids are still waiting for admission
     assert len(want[KEYS]) == len(table) > 0
     if expire:
@@ -191,7 +183,7 @@ def test_a_resumed_job_keeps_the_rules_state_and_job_steps(runs, tmp_path):
     # Resumed at step 10 into P shards (counts and last-update steps go with their partitions)
     # in a new commit session whose step 0 is job step 10.
     got, resumed = job(tmp_path, "resumed", [*flags, "--max_step", "20", "--resume", *ckpt])
-    assert_bits_equal(got, want)
+    assert_dumps_equal(got, want, "rules, resumed")
     assert resumed["ps_rows"] == len(want[KEYS]), resumed
 
 
