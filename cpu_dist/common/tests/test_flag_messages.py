@@ -30,8 +30,11 @@ def test_the_message_names_the_cause(argv, message):
 
 
 def test_a_directory_given_as_a_tsv_file_is_named_a_directory(tmp_path):
-    with pytest.raises(ConfigError, match="is a directory; --data criteo reads one TSV file"):
+    with pytest.raises(ConfigError) as e:
         validate(parse_args(["--data", "criteo", "--data-path", str(tmp_path)]), 3)
+    assert (
+        str(e.value) == f"--data-path {tmp_path}: is a directory; --data criteo reads one TSV file"
+    )
     (tmp_path / "manifest.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"\(a converted directory: --data criteo-bin\)"):
         validate(parse_args(["--data", "criteo", "--data-path", str(tmp_path)]), 3)
@@ -51,6 +54,18 @@ def test_flags_without_effect_are_warned_about_once(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_only_the_first_rank_prints_the_warnings(capsys, monkeypatch):
+    """Every rank validates the same flags; the job's one warning is rank 0's."""
+    argv = ["--max-staleness", "4"]
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    validate(parse_args(argv), 3)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    validate(parse_args(argv), 3)
+    warning = "launcher.py: warning: --max-staleness has no effect without --sparse-sync async"
+    assert capsys.readouterr().err.count(warning) == 1
+
+
 def test_only_the_first_rank_prints_a_parse_error(capsys, monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     assert launch_rank() == 1
@@ -62,3 +77,24 @@ def test_only_the_first_rank_prints_a_parse_error(capsys, monkeypatch):
         parse_args(["--no-such-flag"])
     assert e.value.code == 2
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def test_a_job_file_value_of_the_wrong_type_is_one_line_from_the_first_rank(
+    tmp_path, capsys, monkeypatch
+):
+    """A ``[job]`` value sets a flag's default, so a bad one ends the parse as a bad flag does:
+    the file, the key, the flag and what was found, in one line, exit 2, from rank 0 alone."""
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nbatch_size = "96"\n')
+    line = (
+        f"launcher.py: error: {job}: [job] batch_size (--batch-size): expected an integer, "
+        "got a string ('96')\n"
+    )
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--config", str(job)])
+    assert e.value.code == 0 and capsys.readouterr().err == ""
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--config", str(job)])
+    assert e.value.code == 2 and capsys.readouterr().err == line
