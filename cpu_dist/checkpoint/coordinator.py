@@ -348,8 +348,7 @@ class Checkpointer:
         self.last = m
         if self.owner is not None:
             self.owner.renew("pruning")  # re-read: prune only while the directory is ours
-        if self.keep > 0:
-            prune(self.root, self.keep, self.run_id)
+        prune(self.root, self.keep, self.run_id)  # keep 0: every checkpoint; temp folders go
         return m
 
     def _fill(

@@ -331,7 +331,8 @@ def find_latest(root: Path) -> Manifest | None:
 
 
 def prune(root: Path, keep: int, run_id: str | None = None) -> list[Path]:
-    """Removes all but the newest ``keep`` complete checkpoints of run ``run_id`` and the
+    """Removes all but the newest ``keep`` (0: none removed) complete checkpoints of run
+    ``run_id`` and the
     run's unfinished step directories (``temp_dir_name``: a crashed attempt's; call it when
     the run writes none).  None: the complete checkpoints of any run, and unfinished
     ``step-N`` directories older than the newest complete one (versions before the temporary
@@ -343,7 +344,7 @@ def prune(root: Path, keep: int, run_id: str | None = None) -> list[Path]:
             if run_id is not None and read_manifest(d).run_id != run_id:
                 continue  # another run's: not ours to remove
             complete += 1
-            if complete <= keep:
+            if keep == 0 or complete <= keep:
                 continue
         elif complete == 0 or run_id is not None:
             continue  # possibly being written right now, and of no known run

@@ -325,8 +325,16 @@ class Owner:
             raise lost[0]
 
     def renew_if_due(self) -> None:
+        """A renewal when RENEW_S have passed; a write that fails (a full or stale file
+        system) is tried again at the next call, well within the lease: only a record that is
+        no longer this run's (OwnerError) stops the run."""
         if time.monotonic() - self._renewed >= RENEW_S:
-            self.renew()
+            try:
+                self.renew()
+            except OwnerError:
+                raise
+            except OSError:
+                pass
 
     def release(self) -> None:
         """Removes the record if it is still this run's.  Never raises: it runs on the way

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from contextlib import nullcontext
 
 from cpu_dist.checkpoint.manifest import CheckpointError
 from cpu_dist.checkpoint.owner import Owner
@@ -96,7 +97,11 @@ def run_job(cfg: Config, roles: Roles) -> int:
         raise SetupError(problem)  # every rank: rank 0 prints it (run_or_abort), all exit 2
     owner = preflight(cfg, roles, token)  # world rank 0's hold on --checkpoint-dir
     try:
-        return _run_roles(cfg, roles, token, session, owner)
+        # The heartbeat is renewed on a thread of its own from the claim to the end: start-up
+        # (the model, the data, a resume's load of every shard) can outlast the lease before
+        # the first step renews it, and a run on another host would then take the directory.
+        with owner.kept_alive("the job") if owner is not None else nullcontext():
+            return _run_roles(cfg, roles, token, session, owner)
     finally:  # every exit the job controls frees the directory (a stop's too: it requeues)
         if owner is not None:
             owner.release()

@@ -554,6 +554,9 @@ class Worker:
             summary = {**head, **counters, **metrics.reduce_workers(everyone)}
             self.log.write({"summary": summary})
             print(metrics.summary_table(summary, self.cfg.output.verbose_summary), flush=True)
+        # The other workers wait for worker 0's dump and export asleep, with the job's
+        # timeout, before the stop agreement's Allreduce (which spins).
+        wait_all(self.comm, self.cfg.job.barrier_timeout_s, "worker 0's outputs")
         stopped = ck.outputs_done(steps - 1)  # the last checkpoint owes nothing now
         self.log.close()
         wait_all(self.comm, self.cfg.job.barrier_timeout_s, "workers finishing")

@@ -108,7 +108,9 @@ class JsonLinesWriter:
 
     def _replace(self, lines: list[str]) -> IO[str]:
         """``lines`` written to a temporary sibling that then replaces ``path``; the open
-        file, for the records after them."""
+        file, for the records after them.  A ``path`` that is a symbolic link is written
+        where it points (the link stays), as opening it for writing would."""
+        self.path = os.path.realpath(self.path)
         parent = os.path.dirname(self.path) or "."
         os.makedirs(parent, exist_ok=True)
         tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp-{secrets.token_hex(4)}")

@@ -171,6 +171,22 @@ def test_prune_touches_no_other_runs_folders(tmp_path):
     )
 
 
+def test_keeping_every_checkpoint_still_removes_the_runs_crashed_attempts(tmp_path):
+    """--checkpoint-keep 0 keeps every complete checkpoint; a crashed save's temporary folder
+    of this run goes all the same (before, it was left on disk for good)."""
+    root = tmp_path / "ck"
+    for step in (1, 2, 3):
+        make(root, step, run_id="a")
+    mine = root / temp_dir_name("step-00000004", "a")
+    theirs = root / temp_dir_name("step-00000004", "b")
+    mine.mkdir()
+    theirs.mkdir()
+    assert prune(root, 0, "a") == [mine]
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        ["step-00000001", "step-00000002", "step-00000003", theirs.name]
+    )
+
+
 def test_a_checkpoint_after_the_last_step_records_what_is_still_owed(tmp_path, monkeypatch):
     root = tmp_path / "ck"
     ck = checkpointer(root, "--test-batches", "0")

@@ -388,6 +388,8 @@ Status PsService::do_push(PushRequest& r, BB* resp, bool wait) {
     }
   } catch (const TableFull& e) {
     return Status(StatusCode::RESOURCE_EXHAUSTED, e.what());
+  } catch (const AppliedThenFailed& e) {  // as a commit's: a full SSD is no internal error
+    return Status(e.no_space() ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::INTERNAL, e.what());
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory applying the push");
   }

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 from types import SimpleNamespace
 from unittest.mock import patch
 
@@ -215,6 +216,19 @@ def test_a_fresh_log_replaces_an_old_one_only_at_its_first_record(tmp_path, monk
         {"step": 1, "loss": 0.9},
         {"step": 2, "loss": 0.8},
     ]
+
+
+def test_a_log_given_as_a_link_is_written_where_the_link_points(tmp_path):
+    """``latest.jsonl -> runs/42/m.jsonl``: the run's log replaces the target, and the link
+    stays a link (os.replace over the link would have made it a file of its own)."""
+    target = tmp_path / "runs" / "42" / "m.jsonl"
+    target.parent.mkdir(parents=True)
+    link = tmp_path / "latest.jsonl"
+    link.symlink_to(target)
+    with RunLog(link, run_id="r") as log:
+        log.write({"step": 1, "loss": 0.5})
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert _lines(target) == [{"cpu_dist_log": 1, "run": "r"}, {"step": 1, "loss": 0.5}]
 
 
 def _fail(*_args: object) -> None:
