@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from cpu_dist.common.files import atomic_write, fsync_dir
+from cpu_dist.common.procfs import proc_stat
 from cpu_dist.common.slurm import slurm_job
 
 from .manifest import CheckpointError
@@ -100,12 +101,8 @@ def _parse(raw: bytes, mtime: float) -> OwnerRecord:
 
 def _proc_stat(pid: int) -> list[str] | None:
     """Fields 3... of /proc/PID/stat (state first, start time at index 19); None without."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()  # the name, field 2, may hold spaces and ')'
-    return fields if len(fields) > 19 else None
+    found = proc_stat(pid)
+    return found[1] if found is not None and len(found[1]) > 19 else None
 
 
 def pid_start(pid: int) -> str:

@@ -47,7 +47,7 @@ from cpu_dist.models.factory import source_sha256
 from cpu_dist.models.outputs import logits_of
 from cpu_dist.sparse import Client
 from cpu_dist.sparse.reads import TableReads
-from cpu_dist.train import metrics
+from cpu_dist.train import metrics, progress, summary
 from cpu_dist.train.divergence import why_not_finite
 from cpu_dist.train.dump import model_arrays, write_dump
 from cpu_dist.train.errors import NonFiniteLoss
@@ -202,7 +202,7 @@ class Worker:
         ]
         self.rows = distribute(self.model)
         dims = {c.name: c.embedding_dim for c in self.tables}
-        self.traffic = metrics.TableTraffic(dims)  # per table, for the summary
+        self.traffic = summary.TableTraffic(dims)  # per table, for the summary
         broadcast_parameters(self.model, self.comm)
         self.dense = make_dense_sync(
             cfg.train.dense_sync,
@@ -335,7 +335,7 @@ class Worker:
             threads = thread_notes(self.threads.choices, cfg.job.num_ps_ranks, cfg.job.worker_nice)
             for note in [] if self.done else start_notes(cfg, self.table_notes, threads):
                 print(f"cpu_dist: {note}", flush=True)
-        bar = metrics.Progress(
+        bar = progress.Progress(
             cfg.train.max_step, self.start, enabled=self.chief and cfg.output.progress
         )
         window = metrics.Window(time.perf_counter())
@@ -461,7 +461,7 @@ class Worker:
         )
         if result:
             self.log.write({"step": step, **result})
-            metrics.console(metrics.eval_line(step, result))
+            progress.console(summary.eval_line(step, result))
         return result
 
     def _eval_rows(self, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -516,7 +516,7 @@ class Worker:
             return True
         # Every worker's counters, gathered once (the workers have just met in the
         # evaluation): the summary keeps worker 0's under their names and adds the reduced
-        # figures as <key>_sum, _max or _mean (metrics.reduce_workers).
+        # figures as <key>_sum, _max or _mean (summary.reduce_workers).
         counters = self._record({})
         everyone = self.comm.gather(counters, root=0)
         traffic = self.comm.gather(self.traffic, root=0)
@@ -541,19 +541,19 @@ class Worker:
             }
             t = self.cfg.storage
             head.update(
-                metrics.table_figures(
+                summary.table_figures(
                     self.client.stats(), t.memory_rows > 0, t.admit_after > 1 or t.expire_after > 0
                 )
             )
             tables: dict[str, dict[str, float]] = head.setdefault("tables", {})
-            for name, figures in metrics.TableTraffic.figures(traffic, self.traffic.dims).items():
+            for name, figures in summary.TableTraffic.figures(traffic, self.traffic.dims).items():
                 tables.setdefault(name, {"dim": self.traffic.dims[name]}).update(figures)
             if isinstance(self.pipeline, CacheStage):  # worker 0's cache of each table
                 for name, cached in self.pipeline.table_figures().items():
                     tables.setdefault(name, {}).update(cached)
-            summary = {**head, **counters, **metrics.reduce_workers(everyone)}
-            self.log.write({"summary": summary})
-            print(metrics.summary_table(summary, self.cfg.output.verbose_summary), flush=True)
+            totals = {**head, **counters, **summary.reduce_workers(everyone)}
+            self.log.write({"summary": totals})
+            print(summary.summary_table(totals, self.cfg.output.verbose_summary), flush=True)
         # The other workers wait for worker 0's dump and export asleep, with the job's
         # timeout, before the stop agreement's Allreduce (which spins).
         wait_all(self.comm, self.cfg.job.barrier_timeout_s, "worker 0's outputs")

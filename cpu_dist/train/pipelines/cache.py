@@ -99,7 +99,7 @@ class CacheStage:
         return out
 
     def table_figures(self) -> dict[str, dict[str, float]]:
-        """Per table, this worker's cache: ``metrics.CACHE_FIGURES``."""
+        """Per table, this worker's cache: ``summary.CACHE_FIGURES``."""
         out = {}
         for name, r in self.readers.items():
             lookups, hits = r.stats["lookups"], r.stats["hits"]

@@ -13,14 +13,9 @@ from sklearn.metrics import log_loss, roc_auc_score
 from cpu_dist.common.files import OutputError
 from cpu_dist.common.metrics_log import header
 from cpu_dist.models.scoring import evaluate
-from cpu_dist.train import metrics
-from cpu_dist.train.metrics import (
-    JsonLinesWriter,
-    RunLog,
-    format_table,
-    read_summary,
-    summary_table,
-)
+from cpu_dist.train import metrics, progress, summary
+from cpu_dist.train.metrics import JsonLinesWriter, RunLog, read_summary
+from cpu_dist.train.summary import format_table, summary_table
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -102,7 +97,7 @@ def test_tables_are_aligned():
 
 
 def test_progress_can_be_silenced(capsys):
-    bar = metrics.progress(3, enabled=False)
+    bar = progress.progress(3, enabled=False)
     bar.update(1)
     bar.set_postfix(loss="0.1")
     bar.close()
@@ -114,7 +109,7 @@ def test_worker_figures_reduce_by_their_kind():
     w0 |= {"commit_wait_s": 2.0, "exposed_sparse_s": 1.0, "t_forward": 4.0, "note": "x"}
     w1 = {"bytes_pulled": 30, "rows_pushed": 5, "staleness_max": 2, "staleness_mean": 1.5}
     w1 |= {"commit_wait_s": 1.0, "exposed_sparse_s": 3.0, "t_forward": 2.0, "note": "y"}
-    got = metrics.reduce_workers([w0, w1])
+    got = summary.reduce_workers([w0, w1])
     assert got == {
         "bytes_pulled_sum": 40,
         "rows_pushed_sum": 8,
@@ -124,7 +119,7 @@ def test_worker_figures_reduce_by_their_kind():
         "exposed_sparse_s_max": 3.0,
         "t_forward_mean": 3.0,
     }
-    assert metrics.reduce_workers([]) == {}
+    assert summary.reduce_workers([]) == {}
 
 
 def test_the_phase_table_keeps_worker_0s_phases():
@@ -152,7 +147,7 @@ def test_the_summary_has_each_table_s_figures_summed_over_shards_beside_the_tota
             "tables": [table("a", 4, 6, rows_admitted=2), table("b", 16, 1, blocks_ahead=3)],
         },
     ]
-    got = metrics.table_figures(shards, tiered=False, rules=False)
+    got = summary.table_figures(shards, tiered=False, rules=False)
     assert got["ps_rows"] == 12
     assert got["tables"] == {
         "a": {"dim": 4, "rows": 8, "rows_dram": 8, "rows_ssd": 0, "rows_admitted": 2,
@@ -160,9 +155,9 @@ def test_the_summary_has_each_table_s_figures_summed_over_shards_beside_the_tota
         "b": {"dim": 16, "rows": 4, "rows_dram": 4, "rows_ssd": 0, "rows_admitted": 0,
               "rows_expired": 0, "bytes": 40, "blocks_ahead": 3},
     }  # fmt: skip
-    printed = metrics.summary_table({"steps": 3, **got}, verbose=True)
+    printed = summary.summary_table({"steps": 3, **got}, verbose=True)
     assert "rows_admitted" in printed and printed.splitlines()[-1].split()[:3] == ["b", "16", "4"]
-    assert "tables" not in metrics.table_figures([{"rows": 1}], tiered=False, rules=False)
+    assert "tables" not in summary.table_figures([{"rows": 1}], tiered=False, rules=False)
 
 
 def test_ps_apply_ms_is_the_mean_over_every_shard_s_applied_steps():
@@ -170,10 +165,10 @@ def test_ps_apply_ms_is_the_mean_over_every_shard_s_applied_steps():
         {"rows": 1, "applied_steps": 10, "apply_ns": 30_000_000},
         {"rows": 1, "applied_steps": 30, "apply_ns": 10_000_000},
     ]
-    got = metrics.table_figures(shards, tiered=False, rules=False)
+    got = summary.table_figures(shards, tiered=False, rules=False)
     assert got["ps_apply_ms"] == 40_000_000 / 40 / 1e6  # 1.0: not the shards' means' mean (2.17)
     # no commit applied (pushes only, or an older shard without the fields): no figure
-    assert "ps_apply_ms" not in metrics.table_figures([{"rows": 1}], tiered=False, rules=False)
+    assert "ps_apply_ms" not in summary.table_figures([{"rows": 1}], tiered=False, rules=False)
 
 
 def _lines(path) -> list[dict]:

@@ -18,7 +18,7 @@ from cpu_dist.common.metric_spec import metric_key, metric_spec_problem
 from cpu_dist.data import Batch
 from cpu_dist.models.scoring import evaluate
 from cpu_dist.testing.user_code import USER_METRIC
-from cpu_dist.train import metrics
+from cpu_dist.train import metrics, progress, summary
 from cpu_dist.train.evaluation import in_data_order, share
 from cpu_dist.train.user_metric import MetricError, load_metrics
 
@@ -174,16 +174,16 @@ def test_tensorboard_tags_are_grouped_and_phase_curves_are_per_step(tmp_path):
 
 
 def test_the_summary_prints_the_main_figures_and_the_rest_when_verbose():
-    summary = {"steps": 9, "samples_per_s": 1e3, "eval_auc": 0.7, "eval_ne": 0.9}
-    summary |= {"rows_pushed": 5, "t_forward": 1.0, "tables": {"t": {"dim": 4, "rows": 3}}}
-    short, full = metrics.summary_table(summary), metrics.summary_table(summary, verbose=True)
+    totals = {"steps": 9, "samples_per_s": 1e3, "eval_auc": 0.7, "eval_ne": 0.9}
+    totals |= {"rows_pushed": 5, "t_forward": 1.0, "tables": {"t": {"dim": 4, "rows": 3}}}
+    short, full = summary.summary_table(totals), summary.summary_table(totals, verbose=True)
     assert "eval_ne" in short and "samples_per_s" in short and "forward" in short
     assert "rows_pushed" not in short and "rows_pushed" in full
     assert "blocks_ahead" not in short and "blocks_ahead" in full  # the per-table table
 
 
 def test_without_a_terminal_progress_is_one_line_per_logged_step(capsys):
-    bar = metrics.Progress(30, 0, enabled=True, terminal=False)
+    bar = progress.Progress(30, 0, enabled=True, terminal=False)
     for step in range(1, 31):
         bar.update()
         if step % 10 == 0:
@@ -197,7 +197,7 @@ def test_without_a_terminal_progress_is_one_line_per_logged_step(capsys):
 
 
 def test_on_a_terminal_the_bar_shows_the_run_s_average_rate(capsys):
-    bar = metrics.Progress(30, 0, enabled=True, terminal=True)
+    bar = progress.Progress(30, 0, enabled=True, terminal=True)
     bar.logged(10, 0.5, 1234.0)
     bar.update()
     bar.close()
@@ -216,8 +216,8 @@ def test_a_rank_under_mpirun_is_on_a_terminal_where_mpirun_s_stderr_is_one(tmp_p
     proc(9, "mpirun", 8, "/dev/pts/3")
     proc(8, "bash", 1, "/dev/pts/3")
     not_tty = SimpleNamespace(isatty=lambda: False)
-    assert metrics.on_terminal(tmp_path, pid=10, stderr=not_tty)
+    assert progress.on_terminal(tmp_path, pid=10, stderr=not_tty)
     os.remove(tmp_path / "9" / "fd" / "2")
     os.symlink("/tmp/run.log", tmp_path / "9" / "fd" / "2")
-    assert not metrics.on_terminal(tmp_path, pid=10, stderr=not_tty)
-    assert not metrics.on_terminal(tmp_path, pid=77, stderr=not_tty)  # no such process
+    assert not progress.on_terminal(tmp_path, pid=10, stderr=not_tty)
+    assert not progress.on_terminal(tmp_path, pid=77, stderr=not_tty)  # no such process
