@@ -45,6 +45,7 @@ from cpu_dist.embeddings import (
 from cpu_dist.export import export_job
 from cpu_dist.models.factory import source_sha256
 from cpu_dist.models.outputs import logits_of
+from cpu_dist.models.scoring import load_scorer
 from cpu_dist.sparse import Client
 from cpu_dist.sparse.reads import TableReads
 from cpu_dist.train import metrics, progress, summary
@@ -124,6 +125,8 @@ class Worker:
         self.user_metrics = load_metrics(cfg.output.metrics) if self.chief else []
         window = cfg.output.metric_window
         self.train_scores = metrics.TrainScores(window) if window else None
+        if self.chief:  # worker 0 computes the train window's and the evaluations' figures
+            load_scorer()
         self._logits: torch.Tensor | None = None  # the last step's, for train_scores
         self._eval_s = 0.0  # seconds in the evaluations during training (not in samples/s)
         self.dtype = torch.float64 if cfg.model.dtype == "float64" else torch.float32
