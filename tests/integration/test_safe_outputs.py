@@ -5,32 +5,16 @@ leaves the path as it was."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from cpu_dist.testing.outputs import dir_of, snapshot
 
 from .launch import ROOT, SMALL, mpirun
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _snapshot(path: Path) -> dict[str, bytes]:
-    if path.is_file():
-        return {"": path.read_bytes()}
-    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
-
-
-def _dir_of(tmp: Path, name: str, fmt: str | None, *files: str) -> Path:
-    d = tmp / name
-    d.mkdir()
-    if fmt is not None:
-        (d / "manifest.json").write_text(json.dumps({"format": fmt, "version": 1}))
-    for f in files:
-        (d / f).write_bytes(b"precious " + f.encode())
-    return d
 
 
 def test_an_output_of_another_kind_stops_the_job_untouched(tmp_path):
@@ -40,13 +24,13 @@ def test_an_output_of_another_kind_stops_the_job_untouched(tmp_path):
     test_output_checks.py's, in process."""
     target = tmp_path / "day_0.tsv"
     target.write_text("0\t1\t2\n")
-    before = _snapshot(target)
+    before = snapshot(target)
     proc = mpirun(3, ["--worker-num", "2", *SMALL, "--metrics-out", str(target)], timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     message = f"launcher.py: error: --metrics-out {target}"
     assert proc.stderr.count(message) == 1, proc.stderr[-2000:]
     assert "refusing to overwrite a file that is not a metrics log" in proc.stderr
-    assert '"step"' not in proc.stdout and _snapshot(target) == before
+    assert '"step"' not in proc.stdout and snapshot(target) == before
 
 
 def _module(*argv: str) -> subprocess.CompletedProcess:
@@ -58,14 +42,14 @@ def _module(*argv: str) -> subprocess.CompletedProcess:
 def test_the_converter_and_the_exporter_refuse_another_kind(tmp_path):
     tsv = tmp_path / "in.tsv"
     tsv.write_text("1\t" + "\t".join(["1"] * 13 + ["0a"] * 26) + "\n")
-    step = _dir_of(tmp_path, "step-00000005", "cpu_dist-checkpoint", "dense.pt")
-    before = _snapshot(step)
+    step = dir_of(tmp_path, "step-00000005", "cpu_dist-checkpoint", "dense.pt")
+    before = snapshot(step)
     proc = _module("cpu_dist.data.convert", str(tsv), "--output", str(step), "--no-progress")
     assert proc.returncode == 1
     assert f"--output {step}: refusing to write converted Criteo data" in proc.stderr
-    data = _dir_of(tmp_path, "data", "cpu_dist-criteo-bin", "labels.u8")
+    data = dir_of(tmp_path, "data", "cpu_dist-criteo-bin", "labels.u8")
     proc = _module("cpu_dist.export", str(step), "--output", str(data))
     assert proc.returncode == 2
     assert f"--output {data}: refusing to write an export bundle" in proc.stderr
     assert "a converted Criteo data directory" in proc.stderr
-    assert _snapshot(step) == before and (data / "labels.u8").read_bytes() == b"precious labels.u8"
+    assert snapshot(step) == before and (data / "labels.u8").read_bytes() == b"precious labels.u8"

@@ -6,7 +6,6 @@ mpirun stays in tests/integration/test_safe_outputs.py for the real exit path.""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,26 +13,9 @@ import pytest
 
 from cpu_dist.common.flags import parse_args
 from cpu_dist.common.validate import ConfigError, validate
+from cpu_dist.testing.outputs import dir_of, snapshot
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def snapshot(path: Path) -> dict[str, bytes]:
-    """Every file under ``path`` (or ``path`` itself) and its bytes."""
-    if path.is_file():
-        return {"": path.read_bytes()}
-    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
-
-
-def dir_of(tmp: Path, name: str, fmt: str | None, *files: str) -> Path:
-    """A directory holding ``files`` and, given ``fmt``, a cpu_dist manifest of that format."""
-    d = tmp / name
-    d.mkdir()
-    if fmt is not None:
-        (d / "manifest.json").write_text(json.dumps({"format": fmt, "version": 1}))
-    for f in files:
-        (d / f).write_bytes(b"precious " + f.encode())
-    return d
 
 
 def tsv_file(tmp: Path) -> Path:
